@@ -1,0 +1,20 @@
+"""casync: compression-aware gradient synchronization as a task graph of encode/send/recv/merge/decode.
+
+    plan = casync.build_plan("resnet50", workers=4, strategy="ring", codec="onebit")
+    print(plan.summary())
+    out = casync.LocalEngine(plan).sync(grads)
+"""
+from primitives.codecs import Codec, available_codecs, get_codec, register_codec
+
+from .build import build_plan
+from .engine_local import LocalEngine
+from .errors import ReplicaMismatchError, SyncError, SyncTimeoutError, WorkerLostError
+from .models import model_names
+from .plan import SyncPlan
+from .specs import Bucket, TensorSpec
+
+__version__ = "0.1.0"
+
+__all__ = ["Bucket", "Codec", "LocalEngine", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
+           "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
+           "register_codec"]

@@ -1,0 +1,91 @@
+"""Check and convert per-worker gradients; restore the caller's array type on the way out.
+
+Accepts NumPy arrays and torch tensors (any float dtype, any device: copied to CPU float32).  Every
+mistake raises a ``TypeError``/``ValueError`` naming the worker, the tensor and what was expected.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .plan import SyncPlan
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def _as_float32(value: Any, worker: int, name: str) -> np.ndarray:
+    if _is_torch(value):
+        if not value.is_floating_point():
+            raise TypeError(f"worker {worker}, tensor {name!r}: expected a floating-point tensor, got {value.dtype}")
+        import torch
+
+        value = value.detach()
+        if value.dtype != torch.float32 or value.device.type != "cpu":
+            value = value.to(device="cpu", dtype=torch.float32)
+        return value.numpy()
+    if not isinstance(value, np.ndarray):
+        if isinstance(value, (np.floating, float)):
+            value = np.asarray(value)
+        else:
+            raise TypeError(f"worker {worker}, tensor {name!r}: expected a numpy.ndarray or torch.Tensor, "
+                            f"got {type(value).__name__}")
+    if not np.issubdtype(value.dtype, np.floating):
+        raise TypeError(f"worker {worker}, tensor {name!r}: expected a floating-point array, got dtype {value.dtype}")
+    return value.astype(np.float32, copy=False)
+
+
+def flatten_worker_grads(plan: SyncPlan, grads: Any) -> tuple[list[dict[str, np.ndarray]], list[dict[str, bool]]]:
+    """Per worker, per bucket: a fresh contiguous float32 buffer; plus which inputs were torch tensors."""
+    if isinstance(grads, Mapping) or not isinstance(grads, Sequence) or isinstance(grads, (str, bytes)):
+        raise TypeError(f"grads must be a list with one mapping name->array per worker, got {type(grads).__name__}")
+    if len(grads) != plan.workers:
+        raise ValueError(f"grads has {len(grads)} entries but the plan has {plan.workers} workers")
+    expected = {t.name: t for t in plan.tensors}
+    flats, torch_flags = [], []
+    for w, worker_grads in enumerate(grads):
+        if not isinstance(worker_grads, Mapping):
+            raise TypeError(f"worker {w}: expected a mapping name->array, got {type(worker_grads).__name__}")
+        missing = [n for n in expected if n not in worker_grads]
+        extra = [n for n in worker_grads if n not in expected]
+        if missing:
+            raise ValueError(f"worker {w}: missing gradient for tensor(s) {missing[:5]}"
+                             + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
+        if extra:
+            raise ValueError(f"worker {w}: unexpected tensor(s) {extra[:5]} not in the plan")
+        buffers, flags = {}, {}
+        for bucket in plan.buckets:
+            flat = np.empty(bucket.numel, dtype=np.float32)
+            for m in bucket.members:
+                value = worker_grads[m.spec.name]
+                flags[m.spec.name] = _is_torch(value)
+                array = _as_float32(value, w, m.spec.name)
+                if tuple(array.shape) != m.spec.shape:
+                    raise ValueError(f"worker {w}, tensor {m.spec.name!r}: expected shape {m.spec.shape}, "
+                                     f"got {tuple(array.shape)}")
+                flat[m.offset:m.stop] = array.reshape(-1)
+            buffers[bucket.name] = flat
+        flats.append(buffers)
+        torch_flags.append(flags)
+    return flats, torch_flags
+
+
+def unflatten_results(plan: SyncPlan, results: list[dict[str, np.ndarray]],
+                      torch_flags: list[dict[str, bool]]) -> list[dict[str, Any]]:
+    """Per worker: tensor name -> result shaped like the input, as NumPy or torch like the input."""
+    out = []
+    for w, buffers in enumerate(results):
+        worker_out: dict[str, Any] = {}
+        for spec in plan.tensors:  # keep the plan's (backward) order
+            bucket, member = plan.locate(spec.name)
+            array = buffers[bucket.name][member.offset:member.stop].reshape(spec.shape)
+            if torch_flags[w].get(spec.name):
+                import torch
+
+                array = torch.from_numpy(array)
+            worker_out[spec.name] = array
+        out.append(worker_out)
+    return out

@@ -1,0 +1,141 @@
+"""``SyncPlan``: the one data structure every engine shares — a DAG of primitives plus what it was built from.
+
+The plan says *what* happens (plain-data node attributes, see DESIGN.md); engines decide *how*.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import networkx as nx
+
+from primitives.codecs import Codec
+from strategies import OPS
+
+from ._table import format_table
+from .specs import Bucket, Member, TensorSpec
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@dataclass
+class SyncPlan:
+    """A sync plan: ``graph`` (networkx DiGraph of primitives), ``tensors`` (backward order), ``buckets``."""
+
+    graph: nx.DiGraph
+    tensors: list[TensorSpec]
+    buckets: list[Bucket]
+    workers: int
+    codecs: dict[str, Codec]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    # -- lookups -------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        return int(self.options.get("seed", 0))
+
+    @property
+    def actors(self) -> list[str]:
+        """Every actor the plan uses: workers first, then dedicated servers."""
+        names = {a for _, a in self.graph.nodes(data="actor")} | {f"worker:{w}" for w in range(self.workers)}
+        return sorted(names, key=lambda a: (not a.startswith("worker:"), a.split(":")[0], int(a.split(":")[1])))
+
+    def bucket(self, name: str) -> Bucket:
+        for b in self.buckets:
+            if b.name == name:
+                return b
+        raise KeyError(f"no bucket named {name!r}")
+
+    def locate(self, tensor: str) -> tuple[Bucket, Member]:
+        """The bucket a tensor was fused into (its own, when it is large) and its place there."""
+        index = self.__dict__.get("_members")
+        if index is None:
+            index = self.__dict__["_members"] = {m.spec.name: (b, m) for b in self.buckets for m in b.members}
+        try:
+            return index[tensor]
+        except KeyError:
+            raise KeyError(f"no tensor named {tensor!r} in the plan") from None
+
+    def bucket_of(self, tensor: str) -> Bucket:
+        return self.locate(tensor)[0]
+
+    def nodes(self, tensor: str | None = None, op: str | None = None, actor: str | None = None) -> Iterator[str]:
+        """Node ids filtered by bucket name, primitive and actor."""
+        for node, a in self.graph.nodes(data=True):
+            if (tensor is None or a["tensor"] == tensor) and (op is None or a["op"] == op) and (
+                    actor is None or a["actor"] == actor):
+                yield node
+
+    def op_counts(self, tensor: str | None = None) -> dict[str, int]:
+        counts = Counter(a["op"] for _, a in self.graph.nodes(data=True) if tensor is None or a["tensor"] == tensor)
+        return {op: counts.get(op, 0) for op in OPS}
+
+    def wire_bytes(self, tensor: str | None = None) -> int:
+        """Bytes all sends of a bucket (or the whole plan) put on the wire in one iteration."""
+        return sum(a["nbytes"] for _, a in self.graph.nodes(data=True)
+                   if a["op"] == "send" and (tensor is None or a["tensor"] == tensor))
+
+    def topological_order(self) -> list[str]:
+        """A deterministic topological order: earlier-ready buckets first, then by node id."""
+        attrs = self.graph.nodes
+        return list(nx.lexicographical_topological_sort(self.graph, key=lambda n: (attrs[n]["priority"], n)))
+
+    # -- views -------------------------------------------------------------
+    def summary(self) -> str:
+        """One row per tensor/bucket: strategy, codec, partitions, wire bytes and op counts."""
+        rows = []
+        for b in self.buckets:
+            c = self.op_counts(b.name)
+            label = b.name if len(b.members) == 1 else f"{b.name} ({len(b.members)} tensors)"
+            strategy = b.strategy
+            if b.strategy == "ps":
+                strategy += f"[{'2way' if b.two_way else '1way'},{'S=' + str(b.servers) if b.servers else 'coloc'}]"
+            rows.append([label, b.numel, strategy, str(b.codec) + ("+ef" if b.uses_error_feedback else ""),
+                         len(b.partitions), _human_bytes(self.wire_bytes(b.name)),
+                         c["encode"], c["decode"], c["merge"], c["send"], b.note])
+        total = self.op_counts()
+        raw = 4 * sum(t.numel for t in self.tensors)
+        wire = self.wire_bytes()
+        rows.append(["TOTAL", sum(b.numel for b in self.buckets), "", "", "", _human_bytes(wire),
+                     total["encode"], total["decode"], total["merge"], total["send"], ""])
+        head = (f"SyncPlan: {len(self.tensors)} tensors in {len(self.buckets)} buckets, {self.workers} workers, "
+                f"{len(self.actors)} actors, {self.graph.number_of_nodes()} ops; "
+                f"{_human_bytes(raw)} of gradients per worker, {_human_bytes(wire)} on the wire per iteration")
+        table = format_table(["tensor", "numel", "strategy", "codec", "parts", "wire", "enc", "dec", "merge",
+                              "send", "note"], rows)
+        return head + "\n" + table
+
+    def table(self, tensor: str | None = None) -> str:
+        """Every node as a row (like ``torch.fx.Graph.print_tabular``), in execution order."""
+        rows = []
+        for node in self.topological_order():
+            a = self.graph.nodes[node]
+            if tensor is not None and a["tensor"] != tensor:
+                continue
+            inputs = [u for u, _, _ in sorted(self.graph.in_edges(node, data="slot"), key=lambda e: e[2])]
+            rows.append([node, a["op"], a["actor"], a["part"], a["nbytes"], a.get("peer") or "",
+                         a.get("codec") or "", ", ".join(inputs)])
+        return format_table(["node", "op", "actor", "part", "nbytes", "peer", "codec", "inputs"], rows)
+
+    def to_dot(self, tensor: str | None = None) -> str:
+        """Graphviz DOT text: one cluster per actor, send->recv edges dashed."""
+        from .drawing import plan_to_dot
+
+        return plan_to_dot(self, tensor)
+
+    def draw(self, path: str, tensor: str | None = None, max_nodes: int = 400) -> str:
+        """Write a PNG (matplotlib): actors as lanes, ops left to right by dependency depth."""
+        from .drawing import draw_plan
+
+        return draw_plan(self, path, tensor=tensor, max_nodes=max_nodes)
+
+    def __repr__(self) -> str:
+        return (f"SyncPlan(tensors={len(self.tensors)}, buckets={len(self.buckets)}, workers={self.workers}, "
+                f"ops={self.graph.number_of_nodes()})")

@@ -1,0 +1,144 @@
+"""Shared vocabulary for strategies: the unit they expand and a builder that adds primitive nodes.
+
+A strategy turns one :class:`Unit` (a tensor or fused bucket, already partitioned)
+into encode / send / recv / merge / decode nodes of a ``networkx.DiGraph``.
+Node attributes are plain data (see DESIGN.md); engines interpret them.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import networkx as nx
+
+from primitives.codecs import Codec, get_codec
+
+OPS = ("encode", "send", "recv", "merge", "decode")
+IDENTITY = get_codec("none")
+
+
+def worker(rank: int) -> str:
+    return f"worker:{rank}"
+
+
+def server(index: int) -> str:
+    return f"server:{index}"
+
+
+def actor_rank(actor: str) -> int:
+    """``"worker:3"`` -> 3."""
+    return int(actor.rsplit(":", 1)[1])
+
+
+def stable_hash(text: str) -> int:
+    """A process-independent 63-bit hash (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What a strategy expands: one tensor/bucket with its partitions and sync options."""
+
+    tensor: str
+    partitions: tuple[tuple[int, int], ...]
+    workers: int
+    codec: Codec
+    error_feedback: bool
+    divisor: int  # N for mean, 1 for sum
+    priority: int
+    servers: int | None = None  # PS: dedicated server actors (None = co-located on workers)
+    two_way: bool = True  # PS: servers compress the aggregate they send back
+
+    @property
+    def ef(self) -> bool:
+        return self.error_feedback and not self.codec.lossless
+
+
+class GraphBuilder:
+    """Adds primitive nodes with consistent ids and attributes to a ``DiGraph``.
+
+    Node ids read like paths: ``"<tensor>/p<part>/<actor>/<op>[.<tag>]"``.
+    ``codecs`` maps the string stored in each node's ``codec`` attribute to the codec object.
+    """
+
+    def __init__(self, graph: nx.DiGraph | None = None):
+        self.graph = graph if graph is not None else nx.DiGraph()
+        self.codecs: dict[str, Codec] = {}
+
+    def codec_key(self, codec: Codec) -> str:
+        key = str(codec)
+        self.codecs.setdefault(key, codec)
+        return key
+
+    def add(self, unit: Unit, part: int, actor: str, op: str, tag: str = "", **attrs) -> str:
+        assert op in OPS, op
+        start, stop = unit.partitions[part]
+        node = f"{unit.tensor}/p{part}/{actor}/{op}" + (f".{tag}" if tag else "")
+        if node in self.graph:
+            raise ValueError(f"duplicate plan node {node!r}")
+        self.graph.add_node(
+            node, op=op, actor=actor, tensor=unit.tensor, part=part,
+            numel=stop - start, priority=unit.priority, **attrs,
+        )
+        return node
+
+    def connect(self, src: str, dst: str, slot: int = 0) -> None:
+        """A data dependency; ``slot`` orders the inputs of a merge."""
+        self.graph.add_edge(src, dst, slot=slot)
+
+    def encode(self, unit: Unit, part: int, actor: str, *, src: str | None, codec: Codec | None = None,
+               ef_role: str | None = None, tag: str = "") -> str:
+        """Encode ``src``'s dense output (or, with ``src=None``, the actor's local gradient part)."""
+        codec = codec or unit.codec
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        use_ef = ef_role is not None and unit.ef and codec is unit.codec
+        node = self.add(
+            unit, part, actor, "encode", tag,
+            codec=self.codec_key(codec), nbytes=4 * n, local_input=src is None,
+            ef=use_ef, ef_key=f"{ef_role}/{unit.tensor}/{part}" if use_ef else None,
+        )
+        self.graph.nodes[node]["seed_key"] = stable_hash(node)
+        if src is not None:
+            self.connect(src, node)
+        return node
+
+    def decode(self, unit: Unit, part: int, actor: str, payload: str, *, codec_of: str, output: bool = False,
+               tag: str = "") -> str:
+        """Decode the payload produced by node ``payload`` (whose encode node is ``codec_of``)."""
+        key = self.graph.nodes[codec_of]["codec"]
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        node = self.add(unit, part, actor, "decode", tag, codec=key,
+                        nbytes=self.codecs[key].compressed_nbytes(n), output=output)
+        self.connect(payload, node)
+        return node
+
+    def merge(self, unit: Unit, part: int, actor: str, inputs: list[str], *, local_slot: int | None,
+              divisor: int = 1, output: bool = False, tag: str = "") -> str:
+        """Sum ``inputs`` (and the local gradient at position ``local_slot``) in that fixed order."""
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        total = len(inputs) + (local_slot is not None)
+        node = self.add(unit, part, actor, "merge", tag, nbytes=4 * n * total,
+                        local_input=local_slot is not None, local_slot=local_slot,
+                        divisor=divisor, output=output)
+        slots = [i for i in range(total) if i != local_slot]
+        for src, slot in zip(inputs, slots):
+            self.connect(src, node, slot)
+        return node
+
+    def transfer(self, unit: Unit, part: int, payload: str, src: str, dst: str, *, codec_of: str,
+                 stage: str) -> str:
+        """Move ``payload`` from actor ``src`` to ``dst`` as a send/recv pair; returns the recv node."""
+        key = self.graph.nodes[codec_of]["codec"]
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        wire = self.codecs[key].compressed_nbytes(n)
+        send = self.add(unit, part, src, "send", f"{stage}.to.{dst}", nbytes=wire, peer=dst, codec=key,
+                        stage=stage)
+        recv = self.add(unit, part, dst, "recv", f"{stage}.from.{src}", nbytes=wire, peer=src, codec=key,
+                        stage=stage)
+        self.connect(payload, send)
+        self.connect(send, recv)
+        return recv
+
+
+Expander = Callable[[GraphBuilder, Unit], None]
