@@ -1,0 +1,114 @@
+"""The Ray actor that executes one worker's (or server's) share of a plan, fused task by fused task."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from ..kernels import run_node
+from .program import FusedTask
+
+
+class SyncActor:
+    """Holds its worker's gradients, its error-feedback residuals and its results between calls.
+
+    The driver submits every task of an iteration at once; payloads from other actors arrive as resolved
+    ObjectRef arguments (NumPy arrays, zero-copy on one node).  Residuals updated during a step are
+    committed only by :meth:`collect`, so a failed iteration leaves the saved state untouched.
+    """
+
+    def __init__(self, name: str, tasks: list[FusedTask], codecs: dict, plan_seed: int,
+                 partitions: dict[str, list[tuple[int, int]]]):
+        self.name = name
+        self.tasks = {t.id: t for t in tasks}
+        self.codecs = codecs
+        self.plan_seed = plan_seed
+        self.partitions = partitions
+        self.residuals: dict[str, np.ndarray] = {}
+        self._reset_step()
+
+    def _reset_step(self) -> None:
+        self.grads: dict[str, np.ndarray] = {}
+        self.pending: dict[str, np.ndarray] | None = None
+        self.kept: dict[str, Any] = {}
+        self.kept_uses: dict[str, int] = {}
+        self.results: dict[str, np.ndarray] = {}
+        self.records: list[tuple] = []
+
+    # -- an iteration --------------------------------------------------------
+    def load(self, step: int, grads: dict[str, np.ndarray] | None) -> float:
+        """Receive this worker's flat bucket gradients for ``step`` (zero-copy views of the object store)."""
+        start = time.time()
+        self._reset_step()
+        self.grads = grads or {}
+        self.pending = dict(self.residuals)
+        self.records.append(("load", "", -1, start, time.time(), sum(g.nbytes for g in self.grads.values()), ""))
+        return start
+
+    def run(self, step: int, task_id: int, n_after: int, *args: Any) -> Any:
+        """Execute fused task ``task_id``; returns its outgoing payloads, then a completion token."""
+        task = self.tasks[task_id]
+        values: dict[str, Any] = dict(zip(task.remote_inputs, args[n_after:]))
+        for node in task.local_inputs:
+            values[node] = self.kept[node]
+            self.kept_uses[node] -= 1
+            if self.kept_uses[node] == 0:
+                del self.kept[node], self.kept_uses[node]
+        for s in task.steps:
+            a = s.attrs
+            local = None
+            if a.get("local_input"):
+                start, stop = self.partitions[a["tensor"]][a["part"]]
+                local = self.grads[a["tensor"]][start:stop]
+            t0 = time.time()
+            result = run_node(a, [values[u] for u in s.inputs], local, codecs=self.codecs, residuals=self.pending,
+                              plan_seed=self.plan_seed, step=step)
+            self.records.append((a["op"], a["tensor"], a["part"], t0, time.time(), a["nbytes"], s.node))
+            values[s.node] = result
+            if a.get("output"):
+                self._write_result(a["tensor"], a["part"], result)
+        for node, uses in task.keep.items():
+            self.kept[node] = values[node]
+            self.kept_uses[node] = uses
+        outputs = [values[n] for n in task.outputs]
+        return (*outputs, task_id) if outputs else task_id
+
+    def _write_result(self, tensor: str, part: int, value: np.ndarray) -> None:
+        parts = self.partitions[tensor]
+        buffer = self.results.get(tensor)
+        if buffer is None:
+            buffer = self.results[tensor] = np.empty(parts[-1][1], dtype=np.float32)
+        start, stop = parts[part]
+        buffer[start:stop] = value
+
+    def collect(self, step: int, *tokens: Any) -> tuple[dict[str, np.ndarray], list[tuple]]:
+        """After every task of the step (the tokens): commit residuals, hand back results and op records."""
+        if self.pending is not None:
+            self.residuals = self.pending
+        results, records = self.results, self.records
+        self._reset_step()
+        return results, records
+
+    def discard(self) -> None:
+        """Drop a half-finished step (after a failure elsewhere): residuals stay as last committed."""
+        self._reset_step()
+
+    # -- state and introspection -------------------------------------------------
+    def get_residuals(self) -> dict[str, np.ndarray]:
+        return self.residuals
+
+    def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
+        self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+RemoteSyncActor = ray.remote(SyncActor)

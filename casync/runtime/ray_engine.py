@@ -1,0 +1,271 @@
+"""``RayEngine``: run a plan on Ray actors — one per worker and per dedicated server.
+
+Consecutive ops of an actor are fused into one task (see ``program``); cross-actor edges become
+ObjectRefs handed to the receiving task, so Ray moves payloads (shared memory on a node, the object
+manager across nodes) and the driver never fetches intermediate data.  A whole iteration is submitted at
+once in the program's order; actors run tasks as their inputs arrive (out-of-order execution), so encode of
+one bucket overlaps transfer and decode of another.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..inputs import flatten_worker_grads, unflatten_results
+from ..plan import SyncPlan
+from ..state import EngineState
+from .program import compile_program
+from .ray_actor import RemoteSyncActor
+
+TIMELINE_FIELDS = ("op", "actor", "tensor", "part", "start", "end", "nbytes", "node", "step")
+
+
+def connect_ray(address: str | None, num_cpus: int | None = None, object_store_memory: int | None = None) -> bool:
+    """Make sure Ray is up; returns True when this call started it (so the caller should stop it).
+
+    ``address=None``: reuse a Ray already initialised in this process, else start an embedded local Ray
+    bound to 127.0.0.1.  ``"auto"``, ``"ray://host:port"`` or ``RAY_ADDRESS``: join that cluster.
+    """
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 object_store_memory=object_store_memory, log_to_driver=False, configure_logging=False)
+        return True
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return True if address.startswith("ray://") else False
+
+
+class RayEngine:
+    """Execute ``plan`` on Ray actors; same contract as :class:`casync.LocalEngine`, bit-identical results.
+
+    ``placement``: ``"spread"`` puts actors on different nodes when the cluster has them, ``"pack"`` packs them.
+    ``timeout_s`` bounds every sync: a dead actor or a stall raises a :class:`casync.SyncError` subclass.
+    """
+
+    def __init__(self, plan: SyncPlan, address: str | None = None, timeout_s: float = 60.0,
+                 placement: str = "spread", num_cpus_per_actor: float | None = None):
+        if not isinstance(plan, SyncPlan):
+            raise TypeError(f"RayEngine needs a SyncPlan, got {type(plan).__name__}")
+        if placement not in ("spread", "pack"):
+            raise ValueError(f"placement must be 'spread' or 'pack', got {placement!r}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        self.plan = plan
+        self.timeout_s = float(timeout_s)
+        self.program = compile_program(plan)
+        self.state = EngineState.empty(plan)
+        self._records: list[dict[str, Any]] = []
+        self._broken: str | None = None
+        self._closed = False
+        self._owns_ray = connect_ray(address)
+        self._pg = None
+        self.actors: dict[str, Any] = {}
+        try:
+            self._start_actors(placement, num_cpus_per_actor)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle -------------------------------------------------------------
+    def _start_actors(self, placement: str, cpus: float | None) -> None:
+        names = self.plan.actors
+        if cpus is None:
+            total = ray.cluster_resources().get("CPU", 1.0)
+            cpus = max(0.01, min(1.0, round(total / len(names) * 0.9, 2)))
+        self._pg = placement_group([{"CPU": cpus}] * len(names), strategy="SPREAD" if placement == "spread" else "PACK")
+        try:
+            ray.get(self._pg.ready(), timeout=self.timeout_s)
+        except GetTimeoutError:
+            raise SyncTimeoutError(f"placement group of {len(names)} actors x {cpus} CPU not ready in "
+                                   f"{self.timeout_s:.0f}s; cluster resources: {ray.cluster_resources()}") from None
+        partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
+        for index, name in enumerate(names):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self._pg, placement_group_bundle_index=index)
+            self.actors[name] = RemoteSyncActor.options(
+                num_cpus=cpus, scheduling_strategy=strategy, allow_out_of_order_execution=True, max_restarts=0,
+                max_task_retries=0,
+            ).remote(name, self.program.tasks_of(name), self.plan.codecs, self.plan.seed, partitions)
+        self._get([a.node_id.remote() for a in self.actors.values()], "starting actors")
+
+    def close(self) -> None:
+        """Kill the actors and release the placement group; stop Ray if this engine started it."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self.actors.values():
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.actors = {}
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:
+                pass
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __enter__(self) -> "RayEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort; explicit close() or `with` is the contract
+        try:
+            if not self._closed and ray.is_initialized() and not self._owns_ray:
+                self.close()
+        except Exception:
+            pass
+
+    # -- running -----------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def actor_nodes(self) -> dict[str, str]:
+        """Actor name -> Ray node id it runs on."""
+        names = list(self.actors)
+        return dict(zip(names, self._get([self.actors[n].node_id.remote() for n in names], "querying nodes")))
+
+    def sync(self, grads: Any) -> list[dict[str, Any]]:
+        """Synchronize one iteration; same input and output contract as ``LocalEngine.sync``."""
+        flats, torch_flags = flatten_worker_grads(self.plan, grads)
+        results = self.run_flat(flats)
+        return unflatten_results(self.plan, results, torch_flags)
+
+    def run_flat(self, flats: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """Load per-worker flat buffers into the worker actors, run the iteration, return fresh results."""
+        self._check_usable()
+        step = self.state.step
+        deadline = time.monotonic() + self.timeout_s
+        workers = [f"worker:{w}" for w in range(self.plan.workers)]
+        loads = {name: self.actors[name].load.remote(step, flats[w] if w < len(flats) else None)
+                 for w, name in enumerate(workers)}
+        for name in self.actors:
+            if name not in loads:
+                loads[name] = self.actors[name].load.remote(step, None)
+        tokens: dict[str, list[Any]] = {name: [ref] for name, ref in loads.items()}
+        outputs: dict[int, list[Any]] = {}
+        task_token: dict[int, Any] = {}
+        for task in self.program.tasks:
+            handle = self.actors[task.actor]
+            args = [task_token[i] for i in task.after] + [loads[task.actor]]
+            args += [outputs[self.program.producer[u][0]][self.program.producer[u][1]] for u in task.remote_inputs]
+            n_out = len(task.outputs)
+            refs = handle.run.options(num_returns=n_out + 1).remote(step, task.id, len(task.after) + 1, *args)
+            refs = refs if isinstance(refs, list) else [refs]
+            outputs[task.id], task_token[task.id] = refs[:-1], refs[-1]
+            tokens[task.actor].append(refs[-1])
+        names = list(self.actors)
+        collected = self._get([self.actors[n].collect.remote(step, *tokens[n]) for n in names],
+                              f"sync step {step}", deadline)
+        self._record(step, dict(zip(names, collected)))
+        out = []
+        for w in workers:
+            results = collected[names.index(w)][0]
+            out.append({b.name: np.array(results[b.name], copy=True) if b.name in results
+                        else np.empty(0, np.float32) for b in self.plan.buckets})
+        self.state = EngineState(step=step + 1, residuals={})
+        return out
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise SyncError("this RayEngine is closed")
+        if self._broken:
+            raise SyncError(f"this RayEngine is unusable after an earlier failure ({self._broken}); build a new "
+                            "one and load_state_dict() the last saved state")
+
+    def _get(self, refs: list[Any], what: str, deadline: float | None = None) -> list[Any]:
+        timeout = self.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            self._fail(f"timed out after {self.timeout_s:.0f}s while {what}")
+            raise SyncTimeoutError(f"{what}: no result within timeout_s={self.timeout_s:.0f}s") from None
+        except RayActorError as exc:
+            lost = self._dead_actors()
+            self._fail(f"actor(s) {lost or '?'} lost while {what}")
+            raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
+        except RayTaskError as exc:
+            self._fail(f"a task failed while {what}")
+            raise SyncError(f"{what}: a task failed: {exc}") from exc
+
+    def _dead_actors(self) -> list[str]:
+        dead = []
+        for name, handle in self.actors.items():
+            try:
+                ray.get(handle.pid.remote(), timeout=2.0)
+            except Exception:
+                dead.append(name)
+        return dead
+
+    def _fail(self, reason: str) -> None:
+        self._broken = reason
+        for handle in self.actors.values():
+            try:
+                handle.discard.remote()
+            except Exception:
+                pass
+
+    # -- timeline --------------------------------------------------------------
+    def _record(self, step: int, collected: dict[str, tuple]) -> None:
+        send_end: dict[str, float] = {}
+        rows = []
+        for actor, (_, records) in collected.items():
+            for op, tensor, part, start, end, nbytes, node in records:
+                rows.append(dict(op=op, actor=actor, tensor=tensor, part=part, start=start, end=end,
+                                 nbytes=nbytes, node=node, step=step))
+                if op == "send":
+                    send_end[node] = end
+        graph = self.plan.graph
+        for row in rows:  # a recv spans from the moment its payload was sent to the moment its task used it
+            if row["op"] == "recv":
+                (send,) = graph.predecessors(row["node"])
+                row["start"] = min(send_end.get(send, row["start"]), row["start"])
+        self._records.extend(sorted(rows, key=lambda r: r["start"]))
+
+    def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
+        """Per-op records (op, actor, tensor, part, start, end, nbytes, node, step), times in seconds since the
+        first record of the selection.  ``op == "load"`` is shipping gradients in, separate from the sync."""
+        rows = [dict(r) for r in self._records if step is None or r["step"] == step]
+        if rows:
+            t0 = min(r["start"] for r in rows)
+            for r in rows:
+                r["start"] -= t0
+                r["end"] -= t0
+        return rows
+
+    def clear_timeline(self) -> None:
+        self._records = []
+
+    # -- state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Error-feedback residuals gathered from every actor, and the step counter."""
+        self._check_usable()
+        residuals: dict[str, np.ndarray] = {}
+        for part in self._get([a.get_residuals.remote() for a in self.actors.values()], "reading state"):
+            residuals.update(part)
+        return EngineState(step=self.state.step, residuals=residuals).to_dict(self.plan)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore residuals and step (validated against the plan) into the actors."""
+        self._check_usable()
+        restored = EngineState.from_dict(self.plan, state)
+        by_actor: dict[str, dict[str, np.ndarray]] = {name: {} for name in self.actors}
+        owner = {a["ef_key"]: a["actor"] for _, a in self.plan.graph.nodes(data=True) if a["op"] == "encode" and a["ef"]}
+        for key, value in restored.residuals.items():
+            by_actor[owner[key]][key] = value
+        self._get([self.actors[n].set_residuals.remote(r) for n, r in by_actor.items()], "restoring state")
+        self.state = EngineState(step=restored.step, residuals={})
