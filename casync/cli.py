@@ -83,7 +83,7 @@ def cmd_codecs(args: argparse.Namespace) -> int:
     for name in available_codecs():
         c = get_codec(name)
         rows.append([name, "yes" if c.lossless else "no", "yes" if c.sparse else "no",
-                     round(c.ratio(1 << 20), 1), ", ".join(f"{k}={v}" for k, v in c.params().items())])
+                     round(c.compression_ratio(1 << 20), 1), ", ".join(f"{k}={v}" for k, v in c.params().items())])
     print(format_table(["codec", "lossless", "sparse", "ratio@1M", "default params"], rows))
     return 0
 

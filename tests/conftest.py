@@ -26,3 +26,34 @@ def make_grads(shapes: dict, workers: int, seed: int = 0, dtype=np.float32) -> l
 @pytest.fixture
 def grads_factory():
     return make_grads
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One embedded local Ray per test module (starting Ray costs seconds), torn down after the module."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, _node_ip_address="127.0.0.1",
+             log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A 3-node Ray cluster on this machine (several raylets), for multi-node placement tests."""
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 96 * 2**20,
+                                                            "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1, object_store_memory=96 * 2**20)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()

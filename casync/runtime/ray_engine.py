@@ -25,6 +25,7 @@ from ..state import EngineState
 from .program import compile_program
 from .ray_actor import RemoteSyncActor
 
+DEFAULT_CPUS_PER_ACTOR = 0.1
 TIMELINE_FIELDS = ("op", "actor", "tensor", "part", "start", "end", "nbytes", "node", "step")
 
 
@@ -79,9 +80,8 @@ class RayEngine:
     # -- lifecycle -------------------------------------------------------------
     def _start_actors(self, placement: str, cpus: float | None) -> None:
         names = self.plan.actors
-        if cpus is None:
-            total = ray.cluster_resources().get("CPU", 1.0)
-            cpus = max(0.01, min(1.0, round(total / len(names) * 0.9, 2)))
+        if cpus is None:  # a nominal share: placement (spread/pack) matters, not CPU accounting
+            cpus = DEFAULT_CPUS_PER_ACTOR
         self._pg = placement_group([{"CPU": cpus}] * len(names), strategy="SPREAD" if placement == "spread" else "PACK")
         try:
             ray.get(self._pg.ready(), timeout=self.timeout_s)
@@ -246,6 +246,15 @@ class RayEngine:
                 r["start"] -= t0
                 r["end"] -= t0
         return rows
+
+    def draw_timeline(self, path: str, step: int | None = None) -> str:
+        """Write the measured timeline as a Gantt chart PNG, one lane per actor."""
+        from ..drawing import draw_gantt
+
+        rows = self.timeline(step)
+        label = "all steps" if step is None else f"step {step}"
+        return draw_gantt(rows, path, title=f"RayEngine measured timeline, {label}: {self.plan!r}",
+                          actors=self.plan.actors)
 
     def clear_timeline(self) -> None:
         self._records = []

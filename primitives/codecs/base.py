@@ -5,6 +5,9 @@ Ray's object store and their wire size is simply the sum of ``nbytes``.
 """
 from __future__ import annotations
 
+import math
+import numbers
+import threading
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -56,7 +59,7 @@ class Codec(ABC):
         """Constructor parameters, so ``type(c)(**c.params())`` rebuilds ``c``."""
         return {}
 
-    def ratio(self, n: int) -> float:
+    def compression_ratio(self, n: int) -> float:
         """Compression ratio for ``n`` elements: float32 bytes / wire bytes."""
         wire = self.compressed_nbytes(n)
         return (4 * n) / wire if wire else float("inf")
@@ -80,3 +83,95 @@ class Codec(ABC):
         if not p:
             return self.name
         return f"{self.name}(" + ",".join(f"{k}={v}" for k, v in p.items()) + ")"
+
+
+# -- small helpers shared by the codec modules ---------------------------------
+# Uniform validation messages, and cache-sized reusable work buffers so the
+# chunked kernels neither allocate per call nor spill their temporaries to DRAM.
+
+#: Elements per block in the chunked kernels: 64 Ki float32 = 256 KiB, so a
+#: block and its temporaries stay in L2 between the passes made over it.
+CHUNK = 1 << 16
+
+_tls = threading.local()
+
+
+def scratch(tag: str, dtype: Any, size: int) -> np.ndarray:
+    """A per-thread reusable work buffer of ``size`` elements (contents undefined).
+
+    Never put a scratch buffer (or a view of one) into a payload or a result.
+    """
+    bufs = _tls.__dict__.setdefault("bufs", {})
+    key = (tag, np.dtype(dtype).str)
+    buf = bufs.get(key)
+    if buf is None or buf.size < size:
+        buf = bufs[key] = np.empty(max(size, 1), dtype)
+    return buf[:size]
+
+
+def as_input(x: Any) -> np.ndarray:
+    """Check that ``x`` is a 1-D float32 ndarray; return it C-contiguous (no copy if it is)."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"codec input must be a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise TypeError(f"codec input must have dtype float32, got {x.dtype}")
+    if x.ndim != 1:
+        raise ValueError(f"codec input must be 1-D, got shape {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+def check_length(n: Any) -> int:
+    """Validate a decode length: a non-negative integer."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"length n must be an int, got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"length n must be >= 0, got {n}")
+    return int(n)
+
+
+def check_seed(seed: Any) -> int:
+    """Validate a seed: an integer in [0, 2**64) (it may travel in a uint64 payload field)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return int(seed)
+
+
+def field(payload: Payload, key: str, dtype: Any, shape: tuple[int, ...], codec: str) -> np.ndarray:
+    """``payload[key]``, checked against the dtype and shape the decoder expects."""
+    try:
+        arr = payload[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"codec {codec!r}: payload has no field {key!r}") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.dtype(dtype) or arr.shape != shape:
+        got = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise ValueError(
+            f"codec {codec!r}: payload field {key!r} must be {np.dtype(dtype)}{shape}, got {got}"
+        )
+    return arr
+
+
+def param_error(codec: str, param: str, expected: str, value: Any) -> ValueError:
+    """The ValueError every codec raises for a bad constructor parameter."""
+    return ValueError(f"codec {codec!r}: parameter {param!r} must be {expected}, got {value!r}")
+
+
+def real_param(codec: str, param: str, value: Any, expected: str, ok: Any) -> float:
+    """A finite real parameter for which ``ok(value)`` holds, as a Python float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise param_error(codec, param, expected, value)
+    v = float(value)
+    if not math.isfinite(v) or not ok(v):
+        raise param_error(codec, param, expected, value)
+    return v
+
+
+def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
+    """An integer parameter in ``[lo, hi]``, as a Python int."""
+    expected = f"an int in [{lo}, {hi}]"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise param_error(codec, param, expected, value)
+    if not lo <= value <= hi:
+        raise param_error(codec, param, expected, value)
+    return int(value)

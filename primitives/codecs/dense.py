@@ -1,0 +1,42 @@
+"""Dense codecs: ``none`` (identity, lossless) and ``fp16`` (IEEE half precision)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Codec, Payload, as_input, check_length, field
+
+
+class NoneCodec(Codec):
+    """Identity: the payload is the input itself (the engine copies outputs)."""
+
+    name = "none"
+    lossless = True
+
+    def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
+        return {"values": as_input(x)}
+
+    def decode(self, payload: Payload, n: int) -> np.ndarray:
+        n = check_length(n)
+        return field(payload, "values", np.float32, (n,), self.name).copy()
+
+    def compressed_nbytes(self, n: int) -> int:
+        return 4 * check_length(n)
+
+
+class FP16Codec(Codec):
+    """Cast to float16 (round to nearest even); values beyond ±65504 become ±inf,
+    as in PyTorch's ``fp16_compress_hook``."""
+
+    name = "fp16"
+
+    def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
+        x = as_input(x)
+        with np.errstate(over="ignore"):
+            return {"values": x.astype(np.float16)}
+
+    def decode(self, payload: Payload, n: int) -> np.ndarray:
+        n = check_length(n)
+        return field(payload, "values", np.float16, (n,), self.name).astype(np.float32)
+
+    def compressed_nbytes(self, n: int) -> int:
+        return 2 * check_length(n)

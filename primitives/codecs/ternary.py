@@ -1,0 +1,161 @@
+"""Two-bit codecs: ``terngrad`` (stochastic ternary) and ``tbq`` (threshold binary).
+
+Both send one float32 magnitude ``v`` and a code per element, packed four to a
+byte (element ``4j+i`` in bits ``2i..2i+1`` of byte ``j``): 0 → 0, 1 → +v,
+2 → -v.  Decoding expands each byte through a 256 x 4 lookup table.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .base import (
+    CHUNK,
+    Codec,
+    Payload,
+    as_input,
+    check_length,
+    check_seed,
+    field,
+    real_param,
+    scratch,
+)
+
+_U32 = np.dtype("<u4")  # the packing below reads 4 code bytes as one little-endian word
+#: Multiplying a word of four 2-bit codes (one per byte) by this gathers them into
+#: its top byte: code i moves from bit 8i to bit 24+2i; no partial product carries.
+_GATHER = np.uint32((1 << 24) | (1 << 18) | (1 << 12) | (1 << 6))
+#: ``_CODES[b, i]`` is the code of element i in byte b.
+_CODES = (np.arange(256, dtype=np.uint8)[:, None] >> np.arange(0, 8, 2, dtype=np.uint8)) & 3
+
+
+def codes_nbytes(n: int) -> int:
+    """Bytes of packed 2-bit codes for ``n`` elements."""
+    return (n + 3) // 4
+
+
+def pack_codes(x: np.ndarray, fill: Any, out: np.ndarray, start: int) -> None:
+    """Pack the codes of block ``x`` (starting at element ``start``, a multiple of 4) into ``out``.
+
+    ``fill(x, pos, neg)`` writes the "+v" and "-v" masks of the block into the bool
+    arrays ``pos`` and ``neg``; an element must not be in both.
+    """
+    m = x.size
+    m4 = (m + 3) & ~3
+    pos = scratch("pos", np.bool_, m4)
+    neg = scratch("neg", np.bool_, m4)
+    fill(x, pos[:m], neg[:m])
+    pos[m:] = False
+    neg[m:] = False
+    word, neg32 = pos.view(_U32), neg.view(_U32)
+    np.left_shift(neg32, 1, out=neg32)
+    np.bitwise_or(word, neg32, out=word)  # code bytes: pos | neg << 1
+    np.multiply(word, _GATHER, out=word)
+    np.right_shift(word, 24, out=word)
+    np.copyto(out[start >> 2 : (start + m4) >> 2], word, casting="unsafe")
+
+
+def unpack_codes(codes: np.ndarray, v: np.floating, n: int) -> np.ndarray:
+    """Expand packed codes to a fresh float32 array: 0 → 0, 1 → +v, 2 → -v."""
+    values = np.array([0.0, v, -v, 0.0], np.float32)
+    lut = values[_CODES]
+    out = np.empty(n, np.float32)
+    full = n >> 2
+    np.take(lut, codes[:full], axis=0, out=out[: full * 4].reshape(full, 4), mode="wrap")
+    if n & 3:
+        out[full * 4 :] = lut[codes[full], : n & 3]
+    return out
+
+
+def _max_abs(x: np.ndarray) -> float:
+    return float(max(x.max(), -x.min())) if x.size else 0.0
+
+
+class TernGradCodec(Codec):
+    """TernGrad (Wen et al. 2017): ``s = max|x|``; element i becomes
+    ``s * sign(x_i) * b_i`` with ``b_i ~ Bernoulli(|x_i| / s)`` — unbiased.
+
+    Payload: ``codes`` uint8[ceil(n/4)], ``scale`` float32[1] (= s).
+    """
+
+    name = "terngrad"
+
+    def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
+        x = as_input(x)
+        n = x.size
+        s = np.float32(_max_abs(x))
+        codes = np.empty(codes_nbytes(n), np.uint8)
+        rng = np.random.default_rng(check_seed(seed))
+        cut = scratch("cut", np.float32, min(n, CHUNK))
+
+        def fill(xc: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> None:
+            # keep iff u * s < |x| with u ~ U[0, 1): probability |x| / s.
+            t = cut[: xc.size]
+            rng.random(out=t, dtype=np.float32)
+            np.multiply(t, s, out=t)
+            np.greater(xc, t, out=pos)
+            np.negative(t, out=t)
+            np.less(xc, t, out=neg)
+
+        for start in range(0, n, CHUNK):
+            pack_codes(x[start : start + CHUNK], fill, codes, start)
+        return {"codes": codes, "scale": np.array([s], np.float32)}
+
+    def decode(self, payload: Payload, n: int) -> np.ndarray:
+        n = check_length(n)
+        codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
+        s = field(payload, "scale", np.float32, (1,), self.name)[0]
+        return unpack_codes(codes, s, n)
+
+    def compressed_nbytes(self, n: int) -> int:
+        return codes_nbytes(check_length(n)) + 4
+
+
+class TBQCodec(Codec):
+    """Threshold binary quantization (Strom 2015; HiPress TBQ; MXNet "2bit"):
+    ``x > tau`` → ``+tau``, ``x < -tau`` → ``-tau``, otherwise 0.
+
+    ``threshold`` (tau) is an absolute magnitude; the default 0.5 is MXNet's
+    2-bit compression default.  With error feedback the dropped mass is
+    carried to later steps, so tau trades latency of small updates for size.
+
+    Payload: ``codes`` uint8[ceil(n/4)], ``threshold`` float32[1].
+    """
+
+    name = "tbq"
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        self.threshold = real_param(self.name, "threshold", threshold, "a finite float > 0", lambda v: v > 0)
+        self._tau = np.float32(self.threshold)
+        if not (np.isfinite(self._tau) and self._tau > 0):
+            raise ValueError(
+                f"codec {self.name!r}: parameter 'threshold' must be representable as a "
+                f"positive finite float32, got {threshold!r}"
+            )
+
+    def params(self) -> dict[str, Any]:
+        return {"threshold": self.threshold}
+
+    def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
+        x = as_input(x)
+        n = x.size
+        tau = self._tau
+        codes = np.empty(codes_nbytes(n), np.uint8)
+
+        def fill(xc: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> None:
+            np.greater(xc, tau, out=pos)
+            np.less(xc, -tau, out=neg)
+
+        for start in range(0, n, CHUNK):
+            pack_codes(x[start : start + CHUNK], fill, codes, start)
+        return {"codes": codes, "threshold": np.array([tau], np.float32)}
+
+    def decode(self, payload: Payload, n: int) -> np.ndarray:
+        n = check_length(n)
+        codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
+        tau = field(payload, "threshold", np.float32, (1,), self.name)[0]
+        return unpack_codes(codes, tau, n)
+
+    def compressed_nbytes(self, n: int) -> int:
+        return codes_nbytes(check_length(n)) + 4

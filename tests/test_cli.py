@@ -1,0 +1,71 @@
+"""The command line and the quickstart example, run as a user would."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from casync.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_plan_prints_summary_and_writes_pictures(tmp_path, capsys):
+    dot, png = tmp_path / "plan.dot", tmp_path / "plan.png"
+    assert main(["plan", "--model", "resnet50", "--workers", "8", "--strategy", "ring", "--codec", "onebit",
+                 "--dot", str(dot), "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "SyncPlan: 161 tensors" in out and "onebit+ef" in out and "TOTAL" in out
+    assert dot.read_text().startswith("digraph")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_table_for_one_bucket(capsys):
+    assert main(["plan", "--model", "tiny", "--workers", "2", "--strategy", "ps", "--servers", "1",
+                 "--codec", "topk:ratio=0.5", "--table"]) == 0
+    out = capsys.readouterr().out
+    assert "server:0" in out and "recv" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "--model", "nosuchmodel"], "nosuchmodel"),
+    (["plan", "--model", "tiny", "--codec", "zip"], "zip"),
+    (["plan", "--model", "tiny", "--strategy", "tree"], "tree"),
+    (["plan", "--model", "tiny", "--workers", "0"], "workers"),
+])
+def test_bad_arguments_exit_2_with_message(argv, needle, capsys):
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bench_local_writes_table_and_json(tmp_path, capsys):
+    assert main(["bench", "--model", "tiny", "--workers", "3", "--strategies", "ring,ps", "--codecs", "none,onebit",
+                 "--steps", "1", "--out", str(tmp_path), "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "compare.json").read_text())
+    assert {(r["strategy"], r["codec"]) for r in rows} == {("ring", "none"), ("ring", "onebit"), ("ps", "none"),
+                                                             ("ps", "onebit")}
+    assert all(r["consistent"] for r in rows)
+    none_ring = next(r for r in rows if r["codec"] == "none" and r["strategy"] == "ring")
+    assert none_ring["rel_error"] < 1e-6 and none_ring["compression"] == 1.0
+    assert "| ring |" in (tmp_path / "compare.md").read_text()
+
+
+def test_models_and_codecs_listings(capsys):
+    assert main(["models"]) == 0 and "25,557,032" in capsys.readouterr().out
+    assert main(["codecs"]) == 0 and "randomk" in capsys.readouterr().out
+
+
+def test_python_dash_m_and_quickstart(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "casync", "plan", "--model", "vgg16", "--workers", "3",
+                          "--strategy", "allgather", "--codec", "topk:ratio=0.01"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "32 tensors" in run.stdout
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py"), "--out", str(tmp_path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "replicas identical: True" in run.stdout
+    assert (tmp_path / "plan.png").exists() and (tmp_path / "plan.dot").exists()
