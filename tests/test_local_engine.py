@@ -95,10 +95,15 @@ def test_error_feedback_running_average_converges(strategy, extra, codec):
                 errors.append(np.sqrt(sum(np.sum((total[k] / step - exact[k]) ** 2) for k in shapes)) / norm)
         return errors
 
+    if codec == "terngrad":
+        # unbiased but not a contraction: residuals compound over ring hops before they settle, so the
+        # running average needs longer; it converges without feedback too (measured in the closing note)
+        early, late = running_errors(True, (100, 1600))
+        assert late < 0.1 and late < 0.3 * early, (early, late)
+        return
     early, late = running_errors(True)
     assert late < 0.05 and late < 0.7 * early, (early, late)  # still shrinking, already close
-    if codec != "terngrad":  # terngrad is unbiased: it converges without feedback too, only slower
-        assert late < 0.2 * running_errors(False)[1]
+    assert late < 0.2 * running_errors(False)[1]  # biased codecs do not converge without feedback
 
 
 def test_state_dict_resume_is_identical():

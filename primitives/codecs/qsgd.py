@@ -20,6 +20,7 @@ from .base import (
 from .sign import block_sum
 
 MAX_LEVELS = 2**15 - 1  # signed levels must fit in int16
+_TINY = np.finfo(np.float32).tiny * 2**24
 
 
 def l2_norm(x: np.ndarray) -> float:
@@ -29,10 +30,12 @@ def l2_norm(x: np.ndarray) -> float:
     for start in range(0, x.size, CHUNK):
         xc = x[start : start + CHUNK]
         sq = buf[: xc.size]
-        np.multiply(xc, xc, out=sq)
+        with np.errstate(over="ignore", under="ignore"):
+            np.multiply(xc, xc, out=sq)
         total += float(block_sum(sq))
-    if not math.isfinite(total):  # float32 squares overflowed: redo in float64
-        total = float(np.dot(x.astype(np.float64), x.astype(np.float64)))
+    if not 1e-30 < total < 1e38:  # float32 squares may have under- or overflowed
+        x64 = x.astype(np.float64)
+        total = float(np.dot(x64, x64))
     return math.sqrt(total)
 
 
@@ -58,36 +61,45 @@ class QSGDCodec(Codec):
         n = x.size
         rng = np.random.default_rng(check_seed(seed))
         norm = np.float32(l2_norm(x))
-        out = np.zeros(n, self._dtype)
-        if norm == 0 or not np.isfinite(norm):
-            return {"levels": out, "norm": np.array([norm if n else 0], np.float32)}
+        if not np.isfinite(norm):
+            raise ValueError(f"codec {self.name!r}: input is not finite or its L2 norm overflows float32")
+        if norm == 0:
+            return {"levels": np.zeros(n, self._dtype), "norm": np.zeros(1, np.float32)}
+        out = np.empty(n, self._dtype)
         s = self.levels
-        gain = np.float32(s) / norm
+        with np.errstate(over="ignore"):
+            gain = np.float32(s) / norm  # inf only for subnormal norms: then divide, then scale
         c = min(n, CHUNK)
-        a, u = scratch("qa", np.float32, c), scratch("qu", np.float32, c)
-        lv, neg = scratch("qlv", np.int32, c), scratch("qneg", np.bool_, c)
+        y, u = scratch("qy", np.float32, c), scratch("qu", np.float32, c)
+        sign = scratch("qsign", np.uint32, c)
         for start in range(0, n, CHUNK):
             xc = x[start : start + CHUNK]
             m = xc.size
-            am, um, lm, nm = a[:m], u[:m], lv[:m], neg[:m]
-            np.abs(xc, out=am)
-            np.multiply(am, gain, out=am)
+            ym, um, sm = y[:m], u[:m], sign[:m]
+            # level = sign(x) * floor(|x| * s / norm + u) = trunc(y + sign(x) * u), y = x * s / norm
+            if np.isfinite(gain):
+                np.multiply(xc, gain, out=ym)
+            else:
+                np.divide(xc, norm, out=ym)
+                np.multiply(ym, np.float32(s), out=ym)
             rng.random(out=um, dtype=np.float32)
-            np.add(am, um, out=am)
-            np.copyto(lm, am, casting="unsafe")  # truncation == floor, since am >= 0
-            np.minimum(lm, s, out=lm)  # |x| / norm may round a hair above 1
-            np.less(xc, 0, out=nm)
-            np.negative(lm, out=lm, where=nm)
-            np.copyto(out[start : start + m], lm, casting="unsafe")
+            np.bitwise_and(xc.view(np.uint32), 0x80000000, out=sm)
+            np.bitwise_or(um.view(np.uint32), sm, out=um.view(np.uint32))  # u takes x's sign
+            np.add(ym, um, out=ym)
+            np.clip(ym, -s, s, out=ym)  # |x| / norm may round a hair above 1
+            np.copyto(out[start : start + m], ym, casting="unsafe")  # float -> int truncates
         return {"levels": out, "norm": np.array([norm], np.float32)}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         n = check_length(n)
         levels = field(payload, "levels", self._dtype, (n,), self.name)
         norm = field(payload, "norm", np.float32, (1,), self.name)[0]
+        step = norm / np.float32(self.levels)
+        if step < _TINY:  # step would lose precision as a float32 subnormal
+            return (levels * (float(norm) / self.levels)).astype(np.float32)
         out = np.empty(n, np.float32)
         np.copyto(out, levels, casting="unsafe")
-        np.multiply(out, norm / np.float32(self.levels), out=out)
+        np.multiply(out, step, out=out)
         return out
 
     def compressed_nbytes(self, n: int) -> int:

@@ -61,91 +61,107 @@ class _SparseCodec(Codec):
 # -- top-k ---------------------------------------------------------------------
 
 
-def topk_indices(x: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
-    """Ascending int64 indices of the ``k`` largest ``|x|``; ties go to the lower index.
+def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (ascending int64) and values of the ``k`` largest ``|x|``; ties go to the lower index.
 
     No full sort: as in DGC, a threshold is estimated from a seeded random sample,
-    the (few) elements at or above it are collected in one blocked pass, and the
+    the few elements at or above it are collected in one blocked pass, and the
     exact k-th magnitude is found by partitioning those candidates only.  If the
     estimate keeps too few, a lower one is tried, then the whole array.  The
-    result does not depend on ``seed`` — only the time it takes does.
+    result does not depend on ``seed`` -- only the time it takes does.
     """
     n = x.size
-    if k <= 0:
-        return np.zeros(0, np.int64)
     if k >= n:
-        return np.arange(n, dtype=np.int64)
-    if n < DIRECT_BELOW or 8 * k > n:
-        return _select(x, None, k)
-    for t in _sample_thresholds(x, k, seed):
-        cand = indices_at_least(x, t)
-        if cand.size >= k:
-            return _select(x, cand, k)
-    return _select(x, None, k)
+        return np.arange(n, dtype=np.int64), x.copy()
+    if k <= 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    if n >= DIRECT_BELOW and 8 * k <= n:
+        for t in _sample_thresholds(x, k, seed):
+            idx, vals = at_least(x, t)
+            if idx.size >= k:
+                return _select(idx, vals, k)
+    return _select(None, x, k)
 
 
-def _sample_thresholds(x: np.ndarray, k: int, seed: int) -> list[np.float32]:
-    """Magnitudes that, judging by a random sample, about 1.3k (then ~4k) elements exceed."""
+def _sample_thresholds(x: np.ndarray, k: int, seed: int) -> list[np.floating]:
+    """Magnitudes that, judging by a random sample, a little over k (then ~4k) elements reach.
+
+    The sample size balances its own cost against the candidates a looser
+    estimate lets through (both ~ (n k)^(1/3)), with at least ~64 expected hits.
+    """
     n = x.size
-    m = min(n // 32, max(2048, -(-64 * n // k)))
+    m = int(min(n // 32, max(64 * n / k, 1.5 * (n * k) ** (1 / 3))))
     rng = np.random.default_rng(seed)
     sample = np.abs(x[rng.integers(0, n, size=m)])
-    mu = m * k / n  # expected sample hits above the true k-th magnitude
+    mu = m * k / n  # expected sample hits at or above the true k-th magnitude
     ranks = sorted({min(m, math.ceil(mu + 3 * math.sqrt(mu)) + 1), min(m, 4 * math.ceil(mu) + 8)})
     sample = np.partition(sample, [m - r for r in ranks])
     return [sample[m - r] for r in ranks]
 
 
-def indices_at_least(x: np.ndarray, t: np.floating) -> np.ndarray:
-    """``np.flatnonzero(|x| >= t)`` without its slow path on sparse masks.
+def at_least(x: np.ndarray, t: np.floating) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (ascending int64) and values of the elements with ``|x| >= t``.
 
-    ``np.nonzero`` on a bool array with < 10% True values branches per hit; here
-    the mask is first scanned 8 bytes at a time and only the non-zero words are
-    expanded, so both scans stay dense enough for NumPy's branch-free loop.
+    ``np.flatnonzero`` is slow on sparse masks: below ~10% True it branches per
+    hit.  So the block's bool mask is scanned hierarchically, each level dense
+    enough for NumPy's branch-free loop: 16-byte groups (the OR of the block's two
+    halves, viewed as uint64 words), then the words of the groups that hit,
+    then the bytes of the words that hit.
     """
     n = x.size
     c = min(n, CHUNK)
+    c16 = (c + 15) & ~15
     mag = scratch("mag", np.float32, c)
-    mask = scratch("mask8", np.bool_, (c + 7) & ~7)
-    any8 = scratch("any8", np.bool_, (c + 7) >> 3)
-    parts = []
+    mask = scratch("mask16", np.bool_, c16)
+    group = scratch("group", np.uint64, c16 >> 4)
+    ghit = scratch("ghit", np.bool_, c16 >> 4)
+    idx_parts, val_parts = [], []
     for start in range(0, n, CHUNK):
         xc = x[start : start + CHUNK]
         m = xc.size
-        m8 = (m + 7) & ~7
-        a, b = mag[:m], mask[:m8]
+        m16 = (m + 15) & ~15
+        half = m16 >> 4  # words per half of the block
+        a, b = mag[:m], mask[:m16]
         np.abs(xc, out=a)
         np.greater_equal(a, t, out=b[:m])
         b[m:] = False
-        words = b.view(np.uint64)
-        hit = any8[: m8 >> 3]
-        np.not_equal(words, 0, out=hit)
-        wi = np.flatnonzero(hit)
-        if wi.size == 0:
+        words = b.view(np.uint64)  # 8 mask bytes per word
+        lo, hi = words[:half], words[half:]
+        g, gh = group[:half], ghit[:half]
+        np.bitwise_or(lo, hi, out=g)  # group j = words j and j + half
+        np.not_equal(g, 0, out=gh)
+        gj = np.flatnonzero(gh)
+        if gj.size == 0:
             continue
-        pos = np.flatnonzero(words[wi].view(np.bool_))
+        w = np.concatenate([lo[gj], hi[gj]])
+        wi = np.concatenate([gj, gj + half])  # ascending: every lo word precedes every hi word
+        q = np.flatnonzero(w != 0)
+        wi, w = wi[q], w[q]
+        pos = np.flatnonzero(w.view(np.bool_))
         idx = wi[pos >> 3]
         idx <<= 3
         idx += pos & 7
+        val_parts.append(xc[idx])
         idx += start
-        parts.append(idx)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        idx_parts.append(idx)
+    if not idx_parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return np.concatenate(idx_parts), np.concatenate(val_parts)
 
 
-def _select(x: np.ndarray, cand: np.ndarray | None, k: int) -> np.ndarray:
-    """The top-k of ``x`` among ascending candidate indices ``cand`` (None: all)."""
-    v = x if cand is None else x[cand]
-    a = np.abs(v)
+def _select(idx: np.ndarray | None, vals: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top-k of candidates ``vals`` at ascending indices ``idx`` (None: ``vals`` is all of x)."""
+    a = np.abs(vals)
     mc = a.size
-    if mc > k:
-        kth = np.partition(a, mc - k)[mc - k]
-        keep = a >= kth
-        extra = int(np.count_nonzero(keep)) - k
-        if extra > 0:  # ties at the k-th magnitude: keep the lowest indices
-            ties = np.flatnonzero(a == kth)
-            keep[ties[ties.size - extra :]] = False
-        return np.flatnonzero(keep) if cand is None else cand[keep]
-    return np.arange(mc, dtype=np.int64) if cand is None else cand
+    if mc <= k:
+        return (np.arange(mc, dtype=np.int64) if idx is None else idx), vals.copy()
+    kth = np.partition(a, mc - k)[mc - k]
+    keep = a >= kth
+    extra = int(np.count_nonzero(keep)) - k
+    if extra > 0:  # ties at the k-th magnitude: keep the lowest indices
+        ties = np.flatnonzero(a == kth)
+        keep[ties[ties.size - extra :]] = False
+    return (np.flatnonzero(keep) if idx is None else idx[keep]), vals[keep]
 
 
 class TopKCodec(_SparseCodec):
@@ -160,8 +176,8 @@ class TopKCodec(_SparseCodec):
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
         n = x.size
-        idx = topk_indices(x, self.k(n), check_seed(seed))
-        return {"indices": idx.astype(index_dtype(n)), "values": x[idx]}
+        idx, values = topk(x, self.k(n), check_seed(seed))
+        return {"indices": idx.astype(index_dtype(n)), "values": values}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         k = self.k(n)

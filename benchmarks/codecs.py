@@ -1,0 +1,100 @@
+"""Encode/decode throughput of every registered codec next to NumPy's copy.
+
+    python benchmarks/codecs.py [--sizes 1000000 25000000] [--repeat 7] [--codecs topk onebit]
+
+Throughput is GB/s of float32 input (4n bytes / seconds), best of ``--repeat``
+runs (the best run is the least disturbed one on a shared machine).  "x copy"
+divides by the throughput of ``np.copyto`` into a preallocated array of the same
+size, measured in the same run.  Data is standard-normal float32.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from primitives.codecs import available_codecs, get_codec, payload_nbytes  # noqa: E402
+
+#: Parameters used for codecs that take some (others use their defaults).
+BENCH_SPECS = {"topk": "topk:ratio=0.01", "randomk": "randomk:ratio=0.01"}
+
+
+def best_time(fn: Callable[[], object], repeat: int) -> float:
+    """Fastest of ``repeat`` timed calls (after one untimed warm-up call)."""
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def copy_time(x: np.ndarray, repeat: int) -> float:
+    dst = np.empty_like(x)
+    return best_time(lambda: np.copyto(dst, x), max(repeat, 10))
+
+
+def bench(names: list[str], sizes: list[int], repeat: int) -> list[dict]:
+    rows = []
+    for n in sizes:
+        x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+        t_copy = copy_time(x, repeat)
+        size_rows = []
+        for name in names:
+            codec = get_codec(BENCH_SPECS.get(name, name))
+            seeds = iter(range(10**9))
+            t_enc = best_time(lambda: codec.encode(x, seed=next(seeds)), repeat)
+            payload = codec.encode(x, seed=1)
+            t_dec = best_time(lambda: codec.decode(payload, n), repeat)
+            size_rows.append(
+                {"codec": str(codec), "n": n, "ratio": 4 * n / payload_nbytes(payload),
+                 "enc_s": t_enc, "dec_s": t_dec}
+            )
+        t_copy = min(t_copy, copy_time(x, repeat))  # copy again: keep the undisturbed figure
+        for r in size_rows:
+            r["copy_s"] = t_copy
+        rows += size_rows
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'codec':<20}{'n':>11}{'ratio':>8}{'enc GB/s':>10}{'x copy':>8}{'dec GB/s':>10}{'x copy':>8}"
+    lines = [head, "-" * len(head)]
+    last_n = None
+    for r in rows:
+        n = r["n"]
+        gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
+        if n != last_n:
+            lines.append(f"{'(np.copyto)':<20}{n:>11}{'':>8}{gbs(r['copy_s']):>10.2f}{1:>8.2f}")
+            last_n = n
+        lines.append(
+            f"{r['codec']:<20}{n:>11}{r['ratio']:>8.1f}{gbs(r['enc_s']):>10.2f}"
+            f"{r['copy_s'] / r['enc_s']:>8.2f}{gbs(r['dec_s']):>10.2f}{r['copy_s'] / r['dec_s']:>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 25_000_000])
+    ap.add_argument("--repeat", type=int, default=7, help="timed runs per measurement (best is kept)")
+    ap.add_argument("--codecs", nargs="+", default=None, help="codec names (default: all registered)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the raw timings here")
+    args = ap.parse_args(argv)
+    names = args.codecs or available_codecs()
+    rows = bench(names, args.sizes, args.repeat)
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
