@@ -65,19 +65,25 @@ def bench(names: list[str], sizes: list[int], repeat: int) -> list[dict]:
     return rows
 
 
+def _num(v: float, width: int) -> str:
+    """Two decimals, or three significant digits for the huge figures of zero-copy paths."""
+    return f"{v:>{width}.2f}" if v < 10**4 else f"{v:>{width}.3g}"
+
+
 def table(rows: list[dict]) -> str:
-    head = f"{'codec':<20}{'n':>11}{'ratio':>8}{'enc GB/s':>10}{'x copy':>8}{'dec GB/s':>10}{'x copy':>8}"
+    head = f"{'codec':<20}{'n':>11}{'ratio':>8}{'enc GB/s':>10}{'x copy':>9}{'dec GB/s':>10}{'x copy':>9}"
     lines = [head, "-" * len(head)]
     last_n = None
     for r in rows:
         n = r["n"]
         gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
         if n != last_n:
-            lines.append(f"{'(np.copyto)':<20}{n:>11}{'':>8}{gbs(r['copy_s']):>10.2f}{1:>8.2f}")
+            lines.append(f"{'np.copyto':<20}{n:>11}{'':>8}{_num(gbs(r['copy_s']), 10)}{_num(1, 9)}")
             last_n = n
+        enc, dec = r["enc_s"], r["dec_s"]
         lines.append(
-            f"{r['codec']:<20}{n:>11}{r['ratio']:>8.1f}{gbs(r['enc_s']):>10.2f}"
-            f"{r['copy_s'] / r['enc_s']:>8.2f}{gbs(r['dec_s']):>10.2f}{r['copy_s'] / r['dec_s']:>8.2f}"
+            f"{r['codec']:<20}{n:>11}{r['ratio']:>8.1f}"
+            f"{_num(gbs(enc), 10)}{_num(r['copy_s'] / enc, 9)}{_num(gbs(dec), 10)}{_num(r['copy_s'] / dec, 9)}"
         )
     return "\n".join(lines)
 

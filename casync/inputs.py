@@ -56,12 +56,12 @@ def flatten_worker_grads(plan: SyncPlan, grads: Any) -> tuple[list[dict[str, np.
                              + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""))
         if extra:
             raise ValueError(f"worker {w}: unexpected tensor(s) {extra[:5]} not in the plan")
-        buffers, flags = {}, {}
+        buffers = {}
+        flags = {name: _is_torch(value) for name, value in worker_grads.items()}  # caller's key order
         for bucket in plan.buckets:
             flat = np.empty(bucket.numel, dtype=np.float32)
             for m in bucket.members:
                 value = worker_grads[m.spec.name]
-                flags[m.spec.name] = _is_torch(value)
                 array = _as_float32(value, w, m.spec.name)
                 if tuple(array.shape) != m.spec.shape:
                     raise ValueError(f"worker {w}, tensor {m.spec.name!r}: expected shape {m.spec.shape}, "
@@ -75,17 +75,18 @@ def flatten_worker_grads(plan: SyncPlan, grads: Any) -> tuple[list[dict[str, np.
 
 def unflatten_results(plan: SyncPlan, results: list[dict[str, np.ndarray]],
                       torch_flags: list[dict[str, bool]]) -> list[dict[str, Any]]:
-    """Per worker: tensor name -> result shaped like the input, as NumPy or torch like the input."""
+    """Per worker: tensor name -> result shaped like the input, as NumPy or torch like the input, in the
+    caller's key order."""
     out = []
     for w, buffers in enumerate(results):
         worker_out: dict[str, Any] = {}
-        for spec in plan.tensors:  # keep the plan's (backward) order
-            bucket, member = plan.locate(spec.name)
-            array = buffers[bucket.name][member.offset:member.stop].reshape(spec.shape)
-            if torch_flags[w].get(spec.name):
+        for name, is_torch in torch_flags[w].items():
+            bucket, member = plan.locate(name)
+            array = buffers[bucket.name][member.offset:member.stop].reshape(member.spec.shape)
+            if is_torch:
                 import torch
 
                 array = torch.from_numpy(array)
-            worker_out[spec.name] = array
+            worker_out[name] = array
         out.append(worker_out)
     return out

@@ -193,3 +193,12 @@ def test_bad_gradients_raise_clear_errors_and_engine_stays_usable(mutate, exc, m
     assert engine.step == 0
     out = engine.sync(grads)
     assert engine.step == 1 and out[0]["a"].shape == (3, 4)
+
+
+def test_result_keeps_callers_key_order():
+    shapes = {"z": (3,), "a": (2,), "m": ()}
+    plan = casync.build_plan(shapes, workers=2, codec=None)
+    grads = make_grads(shapes, 2)
+    grads[1] = dict(reversed(list(grads[1].items())))
+    out = casync.LocalEngine(plan).sync(grads)
+    assert list(out[0]) == ["z", "a", "m"] and list(out[1]) == ["m", "a", "z"]

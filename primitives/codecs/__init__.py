@@ -87,9 +87,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or not key:
-            raise ValueError(f"codec spec {spec!r}: expected 'key=value', got {item!r}")
+            raise ValueError(f"codec {name!r}: expected 'key=value' in spec {spec!r}, got {item!r}")
         if key in params:
-            raise ValueError(f"codec spec {spec!r}: parameter {key!r} given twice")
+            raise ValueError(f"codec {name!r}: parameter {key!r} given twice in spec {spec!r}")
         params[key] = _parse_value(value.strip())
     return name, params
 
@@ -148,6 +148,8 @@ def get_codec(spec: CodecSpec = None) -> Codec:
 
 def _parameters(cls: type[Codec]) -> list[str] | None:
     """Keyword parameters of ``cls.__init__`` (None when it takes ``**kwargs``)."""
+    if cls.__init__ is object.__init__:
+        return []
     names = []
     for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
         if p.kind is p.VAR_KEYWORD:

@@ -11,13 +11,13 @@ from .base import (
     Codec,
     Payload,
     as_input,
+    block_sum,
     check_length,
     check_seed,
     field,
     int_param,
     scratch,
 )
-from .sign import block_sum
 
 MAX_LEVELS = 2**15 - 1  # signed levels must fit in int16
 _TINY = np.finfo(np.float32).tiny * 2**24
@@ -60,7 +60,8 @@ class QSGDCodec(Codec):
         x = as_input(x)
         n = x.size
         rng = np.random.default_rng(check_seed(seed))
-        norm = np.float32(l2_norm(x))
+        with np.errstate(over="ignore"):
+            norm = np.float32(l2_norm(x))
         if not np.isfinite(norm):
             raise ValueError(f"codec {self.name!r}: input is not finite or its L2 norm overflows float32")
         if norm == 0:

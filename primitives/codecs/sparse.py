@@ -47,15 +47,14 @@ class _SparseCodec(Codec):
     sparse = True
 
     def __init__(self, ratio: float = 0.01) -> None:
-        # (stored as ``_ratio``: ``Codec.ratio(n)`` is the compression ratio)
-        self._ratio = real_param(self.name, "ratio", ratio, "a float in (0, 1]", lambda v: 0 < v <= 1)
+        self.ratio = real_param(self.name, "ratio", ratio, "a float in (0, 1]", lambda v: 0 < v <= 1)
 
     def params(self) -> dict[str, Any]:
-        return {"ratio": self._ratio}
+        return {"ratio": self.ratio}
 
     def k(self, n: int) -> int:
         """Number of elements kept out of ``n``."""
-        return sparse_k(self._ratio, check_length(n))
+        return sparse_k(self.ratio, check_length(n))
 
 
 # -- top-k ---------------------------------------------------------------------

@@ -6,6 +6,7 @@ byte (element ``4j+i`` in bits ``2i..2i+1`` of byte ``j``): 0 → 0, 1 → +v,
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,10 @@ def codes_nbytes(n: int) -> int:
     return (n + 3) // 4
 
 
-def pack_codes(x: np.ndarray, fill: Any, out: np.ndarray, start: int) -> None:
+Fill = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def pack_codes(x: np.ndarray, fill: Fill, out: np.ndarray, start: int) -> None:
     """Pack the codes of block ``x`` (starting at element ``start``, a multiple of 4) into ``out``.
 
     ``fill(x, pos, neg)`` writes the "+v" and "-v" masks of the block into the bool
@@ -69,7 +73,12 @@ def unpack_codes(codes: np.ndarray, v: np.floating, n: int) -> np.ndarray:
 
 
 def _max_abs(x: np.ndarray) -> float:
-    return float(max(x.max(), -x.min())) if x.size else 0.0
+    """``max|x|`` (0 for empty); max and min are taken block by block, while in cache."""
+    top = 0.0
+    for start in range(0, x.size, CHUNK):
+        xc = x[start : start + CHUNK]
+        top = max(top, float(xc.max()), -float(xc.min()))
+    return top
 
 
 class TernGradCodec(Codec):

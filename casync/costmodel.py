@@ -1,0 +1,168 @@
+"""The cost model the simulator and planner share: measured op costs (``Profile``) and a cluster (``ClusterModel``).
+
+Compute ops cost ``a + b*n`` seconds for ``n`` float32 elements (fitted per codec by ``casync.profile``);
+a payload of ``B`` bytes costs ``alpha + B/beta`` to move: beta from the Ray object store when both actors
+share a node, from the NIC bandwidth when they do not.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """``seconds = a + b * n``."""
+
+    a: float
+    b: float
+
+    def __call__(self, n: float) -> float:
+        return self.a + self.b * n
+
+
+@dataclass
+class Profile:
+    """Op costs measured on one machine: per codec encode / decode (and encode with error feedback),
+    merge per input element, the object-store transfer between actors, and the per-task call overhead."""
+
+    codecs: dict[str, dict[str, LinearCost]]
+    merge: LinearCost
+    transfer_alpha_s: float
+    transfer_beta_bps: float  # bytes per second between two actors on one node
+    task_overhead_s: float
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    # -- costs -----------------------------------------------------------------
+    def _codec_entry(self, codec_key: str) -> dict[str, LinearCost]:
+        if codec_key in self.codecs:
+            return self.codecs[codec_key]
+        name = codec_key.split("(", 1)[0]
+        for key, entry in self.codecs.items():
+            if key.split("(", 1)[0] == name:
+                return entry
+        raise KeyError(f"profile has no costs for codec {codec_key!r}; profiled: {sorted(self.codecs)}")
+
+    def encode_s(self, codec_key: str, n: int, error_feedback: bool = False) -> float:
+        entry = self._codec_entry(codec_key)
+        return entry["encode_ef" if error_feedback and "encode_ef" in entry else "encode"](n)
+
+    def decode_s(self, codec_key: str, n: int) -> float:
+        return self._codec_entry(codec_key)["decode"](n)
+
+    def merge_s(self, n: int, inputs: int) -> float:
+        return self.merge(n * inputs)
+
+    def local_transfer_s(self, nbytes: int) -> float:
+        return self.transfer_alpha_s + nbytes / self.transfer_beta_bps
+
+    # -- files -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": PROFILE_VERSION, "machine": self.machine,
+                "codecs": {k: {op: [c.a, c.b] for op, c in ops.items()} for k, ops in self.codecs.items()},
+                "merge": [self.merge.a, self.merge.b], "transfer_alpha_s": self.transfer_alpha_s,
+                "transfer_beta_bps": self.transfer_beta_bps, "task_overhead_s": self.task_overhead_s}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "profile") -> "Profile":
+        def cost(value: Any, where: str) -> LinearCost:
+            if (not isinstance(value, (list, tuple)) or len(value) != 2
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value)):
+                raise ValueError(f"{source}: {where} must be [a, b] with non-negative numbers, got {value!r}")
+            return LinearCost(float(value[0]), float(value[1]))
+
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        if data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"{source}: unsupported profile version {data.get('version')!r} "
+                             f"(expected {PROFILE_VERSION})")
+        for key in ("codecs", "merge", "transfer_alpha_s", "transfer_beta_bps", "task_overhead_s"):
+            if key not in data:
+                raise ValueError(f"{source}: missing {key!r}")
+        if not isinstance(data["codecs"], dict) or not data["codecs"]:
+            raise ValueError(f"{source}: 'codecs' must be a non-empty object")
+        codecs = {}
+        for name, ops in data["codecs"].items():
+            if not isinstance(ops, dict) or not {"encode", "decode"} <= set(ops):
+                raise ValueError(f"{source}: codec {name!r} needs 'encode' and 'decode' costs")
+            codecs[name] = {op: cost(v, f"codecs.{name}.{op}") for op, v in ops.items()}
+        for key in ("transfer_alpha_s", "transfer_beta_bps", "task_overhead_s"):
+            v = data[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key == "transfer_beta_bps" and v == 0):
+                raise ValueError(f"{source}: {key} must be a positive number, got {v!r}")
+        return cls(codecs=codecs, merge=cost(data["merge"], "merge"),
+                   transfer_alpha_s=float(data["transfer_alpha_s"]),
+                   transfer_beta_bps=float(data["transfer_beta_bps"]),
+                   task_overhead_s=float(data["task_overhead_s"]), machine=dict(data.get("machine", {})))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        """Read a profile written by :meth:`save` (or ``casync profile``); validated, never unpickled."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def default(cls) -> "Profile":
+        """The profile shipped with the package (measured on the 2-core development machine)."""
+        text = resources.files("casync").joinpath("data/default_profile.json").read_text()
+        return cls.from_dict(json.loads(text), source="casync/data/default_profile.json")
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """The cluster a plan is simulated on: ``nodes`` x ``workers_per_node`` workers, NICs of
+    ``bandwidth_gbps`` with ``latency_us`` one-way latency, ``compute_lanes`` per actor, and optionally
+    ``cores_per_node`` CPU cores that all compute on a node competes for (this machine: 2)."""
+
+    nodes: int = 1
+    workers_per_node: int = 4
+    bandwidth_gbps: float = 10.0
+    latency_us: float = 50.0
+    compute_lanes: int = 1
+    cores_per_node: int | None = None  # CPU cores the actors of a node share (None: no contention)
+
+    def __post_init__(self) -> None:
+        if self.cores_per_node is not None and (isinstance(self.cores_per_node, bool)
+                                                or not isinstance(self.cores_per_node, int) or self.cores_per_node < 1):
+            raise ValueError(f"ClusterModel.cores_per_node must be None or an int >= 1, got {self.cores_per_node!r}")
+        for name in ("nodes", "workers_per_node", "compute_lanes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"ClusterModel.{name} must be an int >= 1, got {v!r}")
+        for name in ("bandwidth_gbps", "latency_us"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (name == "bandwidth_gbps" and v == 0):
+                raise ValueError(f"ClusterModel.{name} must be a positive number, got {v!r}")
+
+    @classmethod
+    def for_workers(cls, workers: int, workers_per_node: int = 1, **kw: Any) -> "ClusterModel":
+        """Enough nodes for ``workers`` (one worker per node by default, as on a GPU cluster)."""
+        return cls(nodes=max(1, -(-workers // workers_per_node)), workers_per_node=workers_per_node, **kw)
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_gbps * 1e9 / 8
+
+    def node_of(self, actor: str) -> int:
+        """Workers fill nodes in rank order; dedicated servers are spread round-robin over the nodes."""
+        kind, index = actor.split(":")
+        if kind == "worker":
+            return min(int(index) // self.workers_per_node, self.nodes - 1)
+        return int(index) % self.nodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
