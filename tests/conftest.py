@@ -32,10 +32,11 @@ def grads_factory():
 def ray_local():
     """One embedded local Ray per test module (starting Ray costs seconds), torn down after the module."""
     ray = pytest.importorskip("ray")
+    from casync.runtime.ray_engine import connect_ray
+
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, _node_ip_address="127.0.0.1",
-             log_to_driver=False, configure_logging=False)
+    connect_ray(None, num_cpus=4, object_store_memory=256 * 2**20)  # embedded, bound to 127.0.0.1
     yield ray
     ray.shutdown()
 

@@ -119,3 +119,11 @@ def test_engine_reuses_running_ray_and_leaves_it_up(ray_local):
     with RayEngine(plan):
         pass
     assert ray_local.is_initialized()
+
+
+def test_embedded_ray_is_bound_to_loopback(ray_local):
+    """The embedded Ray (address=None) advertises and serves on 127.0.0.1 only."""
+    import ray
+
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {"127.0.0.1"}

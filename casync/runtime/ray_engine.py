@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import ray
@@ -29,6 +30,30 @@ DEFAULT_CPUS_PER_ACTOR = 0.1
 TIMELINE_FIELDS = ("op", "actor", "tensor", "part", "start", "end", "nbytes", "node", "step")
 
 
+@contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Keep an embedded Ray on 127.0.0.1.
+
+    On Linux, Ray 2.60 rewrites ``_node_ip_address="127.0.0.1"`` to the routable address and listens on
+    every interface unless its multi-node mode is off (the mode it uses by default on macOS/Windows).
+    Flipping that flag is the only switch Ray offers after import; restored afterwards.
+    """
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a future Ray without the flag: nothing to flip
+        yield
+        return
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if saved is None:
+        yield
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
 def connect_ray(address: str | None, num_cpus: int | None = None, object_store_memory: int | None = None) -> bool:
     """Make sure Ray is up; returns True when this call started it (so the caller should stop it).
 
@@ -39,8 +64,9 @@ def connect_ray(address: str | None, num_cpus: int | None = None, object_store_m
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 object_store_memory=object_store_memory, log_to_driver=False, configure_logging=False)
+        with _loopback_only():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=object_store_memory, log_to_driver=False, configure_logging=False)
         return True
     ray.init(address=address, log_to_driver=False, configure_logging=False)
     return True if address.startswith("ray://") else False
