@@ -386,6 +386,18 @@ def test_topk_large_inputs_match_full_sort(kind, ratio):
     check_round_trip(get_codec(("topk", {"ratio": ratio})), x, seed=9)
 
 
+@pytest.mark.parametrize("nonzeros", [0, 10, 1500, 5000])
+def test_topk_mostly_zeros(nonzeros):
+    n, k = 300_007, 3001
+    x = np.zeros(n, np.float32)
+    x[np.random.default_rng(1).choice(n, nonzeros, replace=False)] = 1 + np.arange(nonzeros, dtype=np.float32)
+    x[::7] *= -1  # -0.0 ties with 0.0
+    idx, vals = sparse.topk(x, k, seed=0)
+    reference = np.sort(np.argsort(-np.abs(x), kind="stable")[:k])
+    np.testing.assert_array_equal(idx, reference)
+    np.testing.assert_array_equal(vals, x[reference])
+
+
 def test_topk_falls_back_when_the_sample_misleads(monkeypatch):
     x = gaussian(200_000, seed=1)
     k = 2000

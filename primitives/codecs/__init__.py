@@ -1,9 +1,11 @@
 """The codec library: a registry of gradient compressors behind one contract.
 
->>> from primitives.codecs import get_codec
->>> c = get_codec("topk:ratio=0.01")
->>> payload = c.encode(x, seed=0)          # dict of NumPy arrays
->>> y = c.decode(payload, x.size)          # fresh float32 array
+Usage::
+
+    from primitives.codecs import get_codec
+    c = get_codec("topk:ratio=0.01")       # or ("topk", {"ratio": 0.01}), or c.spec()
+    payload = c.encode(x, seed=0)          # dict of NumPy arrays; x: 1-D float32
+    y = c.decode(payload, x.size)          # fresh float32 array
 
 Adding a codec: subclass :class:`Codec`, set ``name``, implement ``encode``,
 ``decode``, ``compressed_nbytes`` (and ``params`` if it takes any), and decorate

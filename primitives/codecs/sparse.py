@@ -76,10 +76,28 @@ def topk(x: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     if n >= DIRECT_BELOW and 8 * k <= n:
         for t in _sample_thresholds(x, k, seed):
+            if t == 0:  # mostly zeros: don't collect them all as candidates
+                return _nonzeros_then_zeros(x, k)
             idx, vals = at_least(x, t)
             if idx.size >= k:
                 return _select(idx, vals, k)
     return _select(None, x, k)
+
+
+def _nonzeros_then_zeros(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k when most of ``x`` is zero: the top-k nonzeros, padded with the lowest-index zeros."""
+    idx, vals = at_least(x, np.finfo(np.float32).smallest_subnormal)
+    if idx.size >= k:
+        return _select(idx, vals, k)
+    zeros, need = [], k - idx.size
+    for start in range(0, x.size, CHUNK):
+        z = np.flatnonzero(x[start : start + CHUNK] == 0)[:need]
+        zeros.append(z + start)
+        need -= z.size
+        if need == 0:
+            break
+    idx = np.sort(np.concatenate([idx, *zeros]))
+    return idx, x[idx]
 
 
 def _sample_thresholds(x: np.ndarray, k: int, seed: int) -> list[np.floating]:
@@ -91,7 +109,7 @@ def _sample_thresholds(x: np.ndarray, k: int, seed: int) -> list[np.floating]:
     n = x.size
     m = int(min(n // 32, max(64 * n / k, 1.5 * (n * k) ** (1 / 3))))
     rng = np.random.default_rng(seed)
-    sample = np.abs(x[rng.integers(0, n, size=m)])
+    sample = np.abs(x[rng.integers(0, n, size=m, dtype=index_dtype(n))])
     mu = m * k / n  # expected sample hits at or above the true k-th magnitude
     ranks = sorted({min(m, math.ceil(mu + 3 * math.sqrt(mu)) + 1), min(m, 4 * math.ceil(mu) + 8)})
     sample = np.partition(sample, [m - r for r in ranks])
@@ -160,7 +178,8 @@ def _select(idx: np.ndarray | None, vals: np.ndarray, k: int) -> tuple[np.ndarra
     if extra > 0:  # ties at the k-th magnitude: keep the lowest indices
         ties = np.flatnonzero(a == kth)
         keep[ties[ties.size - extra :]] = False
-    return (np.flatnonzero(keep) if idx is None else idx[keep]), vals[keep]
+    pos = np.flatnonzero(keep)  # (then two takes: faster than two boolean masks)
+    return (pos if idx is None else idx[pos]), vals[pos]
 
 
 class TopKCodec(_SparseCodec):
