@@ -339,7 +339,19 @@ def bench_gloo(shapes, workers: int, iters: int) -> dict[str, Any]:
         path = os.path.join(tmp, "gloo.json")
         port = free_port()
         log(f"gloo: spawning {workers} processes, tcp://127.0.0.1:{port}")
-        mp.spawn(_gloo_worker, args=(workers, port, shapes, iters, path), nprocs=workers, join=True)
+        ctx = mp.spawn(_gloo_worker, args=(workers, port, shapes, iters, path), nprocs=workers, join=False)
+        try:
+            while not ctx.join():  # raises (after stopping the others) if a rank fails
+                pass
+        finally:  # on any error or Ctrl-C: no rank outlives the benchmark
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.terminate()
+            for proc in ctx.processes:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
         raw = json.loads(Path(path).read_text())
     raw["summary"] = {name: summarize(ts) for name, ts in raw["variants"].items()}
     return raw
@@ -363,7 +375,8 @@ def ms(x: float) -> str:
     return f"{x * 1e3:,.1f}"
 
 
-def render(info, args, command, plan_info, ray_res, local_res, gloo_res, overhead) -> str:
+def render(info, args, command, plan_info, ray_runs, local_res, gloo_res, overhead) -> str:
+    ray_res = ray_runs[0][1] if ray_runs else None
     L: list[str] = []
     L.append("# casync RayEngine vs torch.distributed gloo — ResNet-50 gradients")
     L.append("")
@@ -385,12 +398,13 @@ def render(info, args, command, plan_info, ray_res, local_res, gloo_res, overhea
     if ray_res or gloo_res:
         L.append("| system | what is timed | median ms | min ms | max ms |")
         L.append("|---|---|---:|---:|---:|")
-        if ray_res:
+        for label, res in ray_runs:
             for key, what in (("sync_span", "(a) sync span from the timeline: first non-load op -> last op end"),
                               ("run_flat_wall", "run_flat(flats) wall: ship flat buffers in, sync, results out"),
                               ("sync_wall", "(b) sync(grads) wall: + dict<->flat conversion")):
-                s = ray_res[key]
-                L.append(f"| casync RayEngine | {what} | {ms(s['median'])} | {ms(s['min'])} | {ms(s['max'])} |")
+                s = res[key]
+                L.append(f"| casync RayEngine, {label} ({res['tasks']} tasks) | {what} | {ms(s['median'])} "
+                         f"| {ms(s['min'])} | {ms(s['max'])} |")
         if local_res:
             s = local_res["run_flat_wall"]
             L.append(f"| casync LocalEngine (reference, 1 process) | run_flat(flats) wall, all {args.workers} workers' "
@@ -406,20 +420,21 @@ def render(info, args, command, plan_info, ray_res, local_res, gloo_res, overhea
         L.append("")
         L.append("| casync figure | " + " | ".join(f"vs gloo {g}" for g in gnames) + " |")
         L.append("|---|" + "---:|" * len(gnames))
-        for key, what in (("sync_span", "(a) sync span"), ("run_flat_wall", "run_flat wall"),
-                          ("sync_wall", "(b) sync() wall")):
-            cells = []
-            for g in gnames:
-                r = ray_res[key]["median"] / gloo_res["summary"][g]["median"]
-                mark = " ✓✓" if r <= STRETCH_RATIO else (" ✓" if r <= GOAL_RATIO else "")
-                cells.append(f"{r:.2f}{mark}")
-            L.append(f"| {what} | " + " | ".join(cells) + " |")
+        for label, res in ray_runs:
+            for key, what in (("sync_span", "(a) sync span"), ("run_flat_wall", "run_flat wall"),
+                              ("sync_wall", "(b) sync() wall")):
+                cells = []
+                for g in gnames:
+                    r = res[key]["median"] / gloo_res["summary"][g]["median"]
+                    mark = " ✓✓" if r <= STRETCH_RATIO else (" ✓" if r <= GOAL_RATIO else "")
+                    cells.append(f"{r:.2f}{mark}")
+                L.append(f"| {label}: {what} | " + " | ".join(cells) + " |")
         L.append("")
         L.append("✓ meets the goal (<= 1.5), ✓✓ the stretch goal (<= 1.0).")
         L.append("")
-    if ray_res:
+    for label, ray_res in ray_runs:
         t = ray_res["timeline"]
-        L.append("## Where RayEngine's time goes (ResNet-50, the median iteration's timeline)")
+        L.append(f"## Where RayEngine's time goes (ResNet-50, {label}, the median iteration's timeline)")
         L.append("")
         L.append(f"- load span (gradients into the actors): {ms(t['load_span'])} ms; last load end -> first op: "
                  f"{ms(t['load_end_to_first_op'])} ms; first load start -> last op end: {ms(t['first_load_to_last_op'])} ms")
@@ -472,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the tiny-tensor overhead micro-benchmark (default)")
     p.add_argument("--no-overhead", dest="overhead", action="store_false")
     p.add_argument("--ray-cpus", type=int, default=None, help="num_cpus for the embedded Ray (default: nproc)")
+    p.add_argument("--bucket-bytes", default="",
+                   help="extra casync rows: comma-separated bucket_bytes values to run besides the default plan")
     args = p.parse_args(argv)
     if args.iters < 1 or args.workers < 2:
         p.error("--iters must be >= 1 and --workers >= 2")
@@ -486,8 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{args.model}: {plan_info['tensors']} tensors, {plan_info['numel'] / 1e6:.1f}M floats; plan "
         f"{plan_info['buckets']} buckets, {plan_info['nodes']} ops")
 
-    ray_res = local_res = gloo_res = overhead = None
+    extra_buckets = [int(x) for x in args.bucket_bytes.split(",") if x.strip()]
+    ray_runs: list[tuple[str, dict]] = []
+    local_res = gloo_res = overhead = None
     import ray
+
+    from casync.runtime.ray_engine import connect_ray
 
     try:
         # gloo first, on a machine without Ray's daemons running
@@ -495,10 +516,16 @@ def main(argv: list[str] | None = None) -> int:
             gloo_res = bench_gloo(shapes, args.workers, args.iters)
         if not args.no_ray or args.overhead:
             grads = make_grads(shapes, args.workers, seed=0) if not args.no_ray else None
-            ray.init(num_cpus=args.ray_cpus or max(2, info["nproc"]), include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+            # casync's own embedded-Ray start (127.0.0.1, no dashboard); the engines below reuse it
+            connect_ray(None, num_cpus=args.ray_cpus or max(2, info["nproc"]))
             if not args.no_ray:
-                ray_res = bench_ray_engine(plan, grads, args.iters, f"casync {args.model}")
+                res = bench_ray_engine(plan, grads, args.iters, f"casync {args.model}")
+                ray_runs.append((f"default plan ({plan_info['buckets']} buckets)", res))
+                for bb in extra_buckets:
+                    extra = casync.build_plan(args.model, workers=args.workers, strategy="ring", codec=None,
+                                              bucket_bytes=bb)
+                    res = bench_ray_engine(extra, grads, args.iters, f"casync {args.model} bucket_bytes={bb}")
+                    ray_runs.append((f"bucket_bytes={bb / 2**20:g} MiB ({len(extra.buckets)} buckets)", res))
                 local_res = bench_local_engine(plan, grads, min(args.iters, 3), f"casync {args.model}")
                 del grads
             if args.overhead:
@@ -510,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         if ray.is_initialized():
             ray.shutdown()
 
-    text = render(info, args, command, plan_info, ray_res, local_res, gloo_res, overhead)
+    text = render(info, args, command, plan_info, ray_runs, local_res, gloo_res, overhead)
     print(text)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

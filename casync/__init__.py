@@ -15,6 +15,15 @@ from .specs import Bucket, TensorSpec
 
 __version__ = "0.1.0"
 
-__all__ = ["Bucket", "Codec", "LocalEngine", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
+
+def __getattr__(name: str):
+    """``casync.RayEngine`` without importing Ray until it is used."""
+    if name == "RayEngine":
+        from .runtime.ray_engine import RayEngine
+
+        return RayEngine
+    raise AttributeError(f"module 'casync' has no attribute {name!r}")
+
+__all__ = ["Bucket", "Codec", "LocalEngine", "RayEngine", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
            "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
            "register_codec"]
