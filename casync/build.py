@@ -1,6 +1,7 @@
 """``build_plan``: validate options, fuse small tensors into buckets, partition, expand each bucket."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
@@ -94,33 +95,72 @@ def build_plan(
     _check_int("seed", seed, 0)
     specs = tensor_specs(tensors)
     bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    groups = name_buckets(specs, make_buckets(specs, bucket_bytes))
+    choice = BucketChoice(strategy=strategy, codec=codec_obj, partitions=partitions, two_way=two_way,
+                          servers=servers)
+    options = dict(workers=workers, strategy=strategy, codec=codec_obj.spec(), servers=servers,
+                   partitions=partitions, two_way=two_way, error_feedback=error_feedback, op=op,
+                   bucket_bytes=bucket_bytes, seed=seed)
+    return assemble_plan(specs, workers, groups, [choice] * len(groups), error_feedback=error_feedback, op=op,
+                         options=options)
 
+
+@dataclass(frozen=True)
+class BucketChoice:
+    """How one bucket is synchronized: what a planner decides per bucket (``partitions=None``: default)."""
+
+    strategy: str = "ring"
+    codec: Codec = field(default_factory=lambda: get_codec(None))
+    partitions: int | None = None
+    two_way: bool = True
+    servers: int | None = None
+    note: str = ""
+
+
+def name_buckets(specs: list[TensorSpec], groups: list[list[TensorSpec]]) -> list[tuple[str, list[TensorSpec]]]:
+    """A bucket of one tensor takes its name; a fused one is ``bucket<i>`` (never clashing with a tensor)."""
     names = {s.name for s in specs}
+    named = []
+    for index, group in enumerate(groups):
+        name = group[0].name if len(group) == 1 else f"bucket{index}"
+        while len(group) > 1 and name in names:
+            name = "_" + name
+        named.append((name, group))
+    return named
+
+
+def effective_partitions(choice: BucketChoice, workers: int, numel: int) -> int:
+    """The partition count a bucket gets: the choice's, else the strategy default, never below 64 KiB parts."""
+    if choice.partitions:
+        return choice.partitions
+    default = get_strategy(choice.strategy).default_partitions(workers, choice.servers)
+    return max(1, min(default, -(-numel // MIN_PARTITION_NUMEL)))
+
+
+def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
+                  choices: list[BucketChoice], *, error_feedback: bool = True, op: str = "mean",
+                  options: dict[str, Any] | None = None) -> SyncPlan:
+    """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point)."""
+    if len(choices) != len(groups):
+        raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
     builder = GraphBuilder(nx.DiGraph())
     buckets: list[Bucket] = []
-    default_parts = module.default_partitions(workers, servers)
-    for index, group in enumerate(make_buckets(specs, bucket_bytes)):
-        if len(group) == 1:
-            name = group[0].name
-        else:
-            name = f"bucket{index}"
-            while name in names:
-                name = "_" + name
+    for index, ((name, group), choice) in enumerate(zip(groups, choices)):
+        module = get_strategy(choice.strategy)
         members, offset = [], 0
         for spec in group:
             members.append(Member(spec, offset))
             offset += spec.numel
-        wanted = partitions or max(1, min(default_parts, -(-offset // MIN_PARTITION_NUMEL)))
-        bucket = Bucket(name=name, members=members, strategy=strategy, codec=codec_obj,
-                        partitions=split_even(offset, wanted), priority=index, two_way=two_way,
-                        servers=servers if strategy == "ps" else None, error_feedback=error_feedback)
+        servers = choice.servers if choice.strategy == "ps" else None
+        bucket = Bucket(name=name, members=members, strategy=choice.strategy, codec=choice.codec,
+                        partitions=split_even(offset, effective_partitions(choice, workers, offset)),
+                        priority=index, two_way=choice.two_way, servers=servers, error_feedback=error_feedback,
+                        note=choice.note)
         buckets.append(bucket)
         module.expand(builder, Unit(
-            tensor=name, partitions=tuple(bucket.partitions), workers=workers, codec=codec_obj,
+            tensor=name, partitions=tuple(bucket.partitions), workers=workers, codec=choice.codec,
             error_feedback=error_feedback, divisor=workers if op == "mean" else 1, priority=index,
-            servers=bucket.servers, two_way=two_way))
-    options = dict(workers=workers, strategy=strategy, codec=codec_obj.spec(), servers=servers,
-                   partitions=partitions, two_way=two_way, error_feedback=error_feedback, op=op,
-                   bucket_bytes=bucket_bytes, seed=seed)
-    return SyncPlan(graph=builder.graph, tensors=specs, buckets=buckets, workers=workers,
-                    codecs=builder.codecs, options=options)
+            servers=servers, two_way=choice.two_way))
+    return SyncPlan(graph=builder.graph, tensors=list(specs), buckets=buckets, workers=workers,
+                    codecs=builder.codecs, options=dict(options or {}, workers=workers, op=op,
+                                                        error_feedback=error_feedback))
