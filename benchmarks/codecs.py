@@ -13,29 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from casync.profiler import best_time  # noqa: E402
 from primitives.codecs import available_codecs, get_codec, payload_nbytes  # noqa: E402
 
 #: Parameters used for codecs that take some (others use their defaults).
 BENCH_SPECS = {"topk": "topk:ratio=0.01", "randomk": "randomk:ratio=0.01"}
-
-
-def best_time(fn: Callable[[], object], repeat: int) -> float:
-    """Fastest of ``repeat`` timed calls (after one untimed warm-up call)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def copy_time(x: np.ndarray, repeat: int) -> float:

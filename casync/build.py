@@ -79,7 +79,7 @@ def build_plan(
     See the README for every option; bad values raise ``TypeError``/``ValueError`` naming the option.
     """
     _check_int("workers", workers, 1)
-    module = get_strategy(strategy)
+    get_strategy(strategy)  # validates the name
     codec_obj = get_codec(codec)
     _check_int("servers", servers, 1, allow_none=True)
     if servers is not None and strategy != "ps":

@@ -17,7 +17,9 @@ DEFAULT_SIZES = tuple(2**k for k in range(10, 25, 2))  # 2^10 ... 2^24 elements
 DEFAULT_CODECS = ("none", "fp16", "onebit", "terngrad", "tbq", "qsgd", "topk:ratio=0.01", "randomk:ratio=0.01")
 
 
-def _best_time(fn: Callable[[], object], repeat: int) -> float:
+def best_time(fn: Callable[[], object], repeat: int) -> float:
+    """Fastest of ``repeat`` timed calls (after one untimed warm-up call): the least noisy estimate here."""
+    fn()
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -55,10 +57,10 @@ def profile_codecs(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] 
             x = data[n]
             reps = repeat if n <= 2**20 else 1
             payload = codec.encode(x, 1)
-            times["encode"].append(_best_time(lambda: codec.encode(x, 1), reps))
+            times["encode"].append(best_time(lambda: codec.encode(x, 1), reps))
             residuals = {"k": np.zeros(n, np.float32)}
-            times["encode_ef"].append(_best_time(lambda: run_encode(codec, x, 1, residuals, "k"), reps))
-            times["decode"].append(_best_time(lambda: codec.decode(payload, n), reps))
+            times["encode_ef"].append(best_time(lambda: run_encode(codec, x, 1, residuals, "k"), reps))
+            times["decode"].append(best_time(lambda: codec.decode(payload, n), reps))
         out[str(codec)] = {op: fit_linear(sizes, t) for op, t in times.items()}
     return out
 
@@ -72,7 +74,7 @@ def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> Line
     secs = []
     for n in sizes:
         xs = [rng.standard_normal(n, dtype=np.float32) for _ in range(2)]
-        secs.append(_best_time(lambda: run_merge(xs, 2), repeat if n <= 2**20 else 1) / 2)
+        secs.append(best_time(lambda: run_merge(xs, 2), repeat if n <= 2**20 else 1) / 2)
     return fit_linear(sizes, secs)
 
 
@@ -107,7 +109,7 @@ def profile_transfer(sizes: Iterable[int] = (2**10, 2**16, 2**20, 2**23, 2**25),
         secs = []
         for nbytes in sizes:
             ray.get(a.hold.remote(nbytes))
-            secs.append(_best_time(lambda: ray.get(b.take.remote(a.give.remote())), repeat))
+            secs.append(best_time(lambda: ray.get(b.take.remote(a.give.remote())), repeat))
         fit = fit_linear(sizes, secs)
         for h in (a, b):
             ray.kill(h)
