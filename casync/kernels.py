@@ -34,9 +34,12 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
 
 def run_merge(inputs: Sequence[np.ndarray], divisor: int) -> np.ndarray:
     """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide."""
-    acc = np.array(inputs[0], dtype=np.float32, copy=True)
-    for x in inputs[1:]:
-        np.add(acc, x, out=acc)
+    if len(inputs) == 1:
+        acc = np.array(inputs[0], dtype=np.float32, copy=True)
+    else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, the same float32 sums
+        acc = np.add(inputs[0], inputs[1], dtype=np.float32)
+        for x in inputs[2:]:
+            np.add(acc, x, out=acc)
     if divisor != 1:
         np.divide(acc, np.float32(divisor), out=acc)
     return acc
@@ -57,7 +60,14 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
         seed = encode_seed(plan_seed, step, attrs["seed_key"])
         return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None)
     if op == "decode":
-        return codecs[attrs["codec"]].decode(inputs[0], attrs["numel"])
+        codec = codecs[attrs["codec"]]
+        if codec.lossless and codec.name == "none":  # identity: no defensive copy (no consumer mutates it;
+            values = inputs[0]["values"]          # results are copied into fresh output buffers)
+            if values.dtype != np.float32 or values.shape != (attrs["numel"],):
+                raise ValueError(f"codec 'none': payload 'values' must be float32 ({attrs['numel']},), "
+                                 f"got {values.dtype} {values.shape}")
+            return values
+        return codec.decode(inputs[0], attrs["numel"])
     if op == "merge":
         values = list(inputs)
         if attrs["local_input"]:

@@ -199,10 +199,15 @@ class RayEngine:
                               f"sync step {step}", deadline)
         self._record(step, dict(zip(names, collected)))
         out = []
-        for w in workers:
+        total = sum(b.numel for b in self.plan.buckets)
+        for w in workers:  # one fresh writable buffer per worker (results from Ray are read-only views)
             results = collected[names.index(w)][0]
-            out.append({b.name: np.array(results[b.name], copy=True) if b.name in results
-                        else np.empty(0, np.float32) for b in self.plan.buckets})
+            flat, views, offset = np.empty(total, np.float32), {}, 0
+            for b in self.plan.buckets:
+                views[b.name] = flat[offset:offset + b.numel]
+                offset += b.numel
+                views[b.name][...] = results[b.name]
+            out.append(views)
         self.state = EngineState(step=step + 1, residuals={})
         return out
 
