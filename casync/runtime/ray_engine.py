@@ -27,6 +27,7 @@ from .program import compile_program
 from .ray_actor import RemoteSyncActor
 
 DEFAULT_CPUS_PER_ACTOR = 0.1
+TIMELINE_STEPS_KEPT = 16  # timeline() covers the most recent iterations only
 TIMELINE_FIELDS = ("op", "actor", "tensor", "part", "start", "end", "nbytes", "node", "step")
 
 
@@ -266,6 +267,9 @@ class RayEngine:
                 (send,) = graph.predecessors(row["node"])
                 row["start"] = min(send_end.get(send, row["start"]), row["start"])
         self._records.extend(sorted(rows, key=lambda r: r["start"]))
+        keep = step - TIMELINE_STEPS_KEPT
+        if self._records and self._records[0]["step"] <= keep:  # bounded memory on long runs
+            self._records = [r for r in self._records if r["step"] > keep]
 
     def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
         """Per-op records (op, actor, tensor, part, start, end, nbytes, node, step), times in seconds since the
