@@ -434,7 +434,13 @@ def timeline_estimate(costs: Sequence[_Cost], ready: Sequence[float], order: Seq
         c, r = costs[b], ready[b]
         backlog = free > r + c.head
         f = _advance(free, r, c, workers)
-        if mode == 1:
+        if mode == 2:
+            used = c.work > 0
+            delay = float(np.max(np.where(used, free - r - c.head, 0.0), initial=0.0))
+            mt = np.where(c.work > 0, np.where(backlog, np.minimum(mt, c.tail), c.tail), mt)
+            mt = np.where(f > r, mt, -np.inf)
+            fin = max(r + c.L + max(delay, 0.0), float((f + np.where(c.work > 0, mt, -np.inf)).max()))
+        elif mode == 1:
             mt = np.where(c.work > 0, np.where(backlog, np.minimum(mt, c.tail), c.tail), mt)
             mt = np.where(f > r, mt, -np.inf)
             fin = max(r + c.L, float((f + np.where(c.work > 0, mt, -np.inf)).max()))

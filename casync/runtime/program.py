@@ -110,13 +110,30 @@ def compile_program(plan: SyncPlan) -> Program:
                 task.outputs.append(step.node)
                 producer[step.node] = (task.id, len(task.outputs) - 1)
     _estimate_starts(tasks, producer)
-    tasks.sort(key=lambda t: (t.est_start, t.priority, t.round, t.actor))
+    tail = _bottom_levels(tasks, producer)
+    # ready first (estimated start), then earlier-ready buckets, then the longer remaining critical path
+    tasks.sort(key=lambda t: (t.est_start, t.priority, -tail[t.id], t.actor))
     renumber = {t.id: i for i, t in enumerate(tasks)}
     for t in tasks:
         t.id = renumber[t.id]
         t.after = [renumber[i] for i in t.after]
     producer = {n: (renumber[i], k) for n, (i, k) in producer.items()}
     return Program(tasks=tasks, producer=producer)
+
+
+def _bottom_levels(tasks: list[FusedTask], producer: dict[str, tuple[int, int]]) -> dict[int, float]:
+    """Estimated cost of the longest path from each task to the end of the iteration (its critical path)."""
+    children: dict[int, set[int]] = {t.id: set() for t in tasks}
+    for t in tasks:
+        for u in t.remote_inputs:
+            children[producer[u][0]].add(t.id)
+        for i in t.after:
+            children[i].add(t.id)
+    by_id = {t.id: t for t in tasks}
+    level: dict[int, float] = {}
+    for t in sorted(tasks, key=lambda t: -t.est_start):  # est_start is a topological order
+        level[t.id] = _task_cost(t) + max((level[c] for c in children[t.id] if c in level), default=0.0)
+    return {i: level.get(i, _task_cost(by_id[i])) for i in by_id}
 
 
 def _task_cost(task: FusedTask) -> float:
