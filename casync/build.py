@@ -73,12 +73,36 @@ def build_plan(
     op: str = "mean",
     bucket_bytes: int | None = None,
     seed: int = 0,
+    cluster: Any = None,
+    profile: Any = None,
+    ready_times: Any = None,
 ) -> SyncPlan:
     """Build the sync plan of ``tensors`` across ``workers`` with one strategy and codec for every bucket.
 
     ``tensors``: dict name->shape, list of (name, shape), a torch.nn.Module or a built-in model name.
     See the README for every option; bad values raise ``TypeError``/``ValueError`` naming the option.
+
+    ``strategy="auto"`` (or a list of names), ``codec="auto"`` (or a list of codec specs) or
+    ``partitions="auto"`` let the planner (:func:`casync.planner.choose_plan`) choose per bucket, for
+    ``cluster`` (a :class:`~casync.costmodel.ClusterModel`), ``profile`` and ``ready_times`` (tensor ->
+    second its gradient is ready); fixed choices ignore those three.
     """
+    if strategy == "auto" or isinstance(strategy, (list, tuple)) or (isinstance(codec, str) and codec == "auto") \
+            or isinstance(codec, list) or (isinstance(partitions, str) and partitions == "auto"):
+        if servers is not None:
+            raise ValueError(f"servers={servers} cannot be combined with automatic planning (the planner uses "
+                             "co-located PS); choose the strategy yourself to use dedicated servers")
+        from .planner import choose_plan  # lazily: the planner imports this module
+
+        options = dict(workers=workers, strategy=strategy if isinstance(strategy, str) else list(strategy),
+                       codec=codec if isinstance(codec, str) and codec == "auto" else
+                       [get_codec(c).spec() for c in codec] if isinstance(codec, list) else get_codec(codec).spec(),
+                       partitions=partitions, servers=None)
+        return choose_plan(tensors, workers, cluster, profile,
+                           strategies=strategy if strategy == "auto" or isinstance(strategy, (list, tuple))
+                           else (strategy,), codecs=codec, partitions=partitions, ready_times=ready_times,
+                           two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
+                           seed=seed, options=options)
     _check_int("workers", workers, 1)
     get_strategy(strategy)  # validates the name
     codec_obj = get_codec(codec)
@@ -140,8 +164,14 @@ def effective_partitions(choice: BucketChoice, workers: int, numel: int) -> int:
 
 def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
                   choices: list[BucketChoice], *, error_feedback: bool = True, op: str = "mean",
-                  options: dict[str, Any] | None = None) -> SyncPlan:
-    """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point)."""
+                  options: dict[str, Any] | None = None, compact: bool = False) -> SyncPlan:
+    """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point).
+
+    ``compact=True`` expands symmetric templates (one representative worker, see ``strategies.compact``):
+    O(N) ops per bucket instead of O(N^2), for simulating large clusters; engines refuse such plans.
+    """
+    from strategies.compact import TEMPLATES
+
     if len(choices) != len(groups):
         raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
     builder = GraphBuilder(nx.DiGraph())
@@ -153,15 +183,19 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
             members.append(Member(spec, offset))
             offset += spec.numel
         servers = choice.servers if choice.strategy == "ps" else None
+        parts = effective_partitions(choice, workers, offset)
+        if compact and choice.strategy == "ring":  # the template needs whole rotations: a multiple of N chunks
+            parts = workers * max(1, (choice.partitions or workers) // workers)
         bucket = Bucket(name=name, members=members, strategy=choice.strategy, codec=choice.codec,
-                        partitions=split_even(offset, effective_partitions(choice, workers, offset)),
+                        partitions=split_even(offset, parts),
                         priority=index, two_way=choice.two_way, servers=servers, error_feedback=error_feedback,
                         note=choice.note)
         buckets.append(bucket)
-        module.expand(builder, Unit(
+        expand = TEMPLATES[choice.strategy] if compact else module.expand
+        expand(builder, Unit(
             tensor=name, partitions=tuple(bucket.partitions), workers=workers, codec=choice.codec,
             error_feedback=error_feedback, divisor=workers if op == "mean" else 1, priority=index,
             servers=servers, two_way=choice.two_way))
     return SyncPlan(graph=builder.graph, tensors=list(specs), buckets=buckets, workers=workers,
                     codecs=builder.codecs, options=dict(options or {}, workers=workers, op=op,
-                                                        error_feedback=error_feedback))
+                                                        error_feedback=error_feedback), compact=compact)

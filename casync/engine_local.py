@@ -21,6 +21,7 @@ class LocalEngine:
     def __init__(self, plan: SyncPlan):
         if not isinstance(plan, SyncPlan):
             raise TypeError(f"LocalEngine needs a SyncPlan, got {type(plan).__name__}")
+        plan.require_executable("LocalEngine")
         self.plan = plan
         self.state = EngineState.empty(plan)
         self._order = plan.topological_order()

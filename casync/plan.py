@@ -35,6 +35,12 @@ class SyncPlan:
     workers: int
     codecs: dict[str, Codec]
     options: dict[str, Any] = field(default_factory=dict)
+    compact: bool = False  # a symmetric template (one representative worker): simulation only
+
+    def require_executable(self, engine: str) -> None:
+        """Engines call this: a compact template cannot be executed, only simulated."""
+        if self.compact:
+            raise ValueError(f"{engine} cannot run a compact (template) plan; build it with compact=False")
 
     # -- lookups -------------------------------------------------------------
     @property
@@ -138,4 +144,4 @@ class SyncPlan:
 
     def __repr__(self) -> str:
         return (f"SyncPlan(tensors={len(self.tensors)}, buckets={len(self.buckets)}, workers={self.workers}, "
-                f"ops={self.graph.number_of_nodes()})")
+                f"ops={self.graph.number_of_nodes()}{', compact' if self.compact else ''})")

@@ -81,12 +81,12 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     indeg = {n: graph.in_degree(n) for n in graph}
     ready: dict[str, float] = {}
     cause: dict[str, str | None] = {}
-    heap: list[tuple[float, int, str, str]] = []
+    heap: list[tuple[float, int, int, str]] = []  # (ready, bucket priority, transfer round, node)
     for n, d in indeg.items():
         if d == 0:
             ready[n] = bucket_ready.get(graph.nodes[n]["tensor"], 0.0)
             cause[n] = None
-            heapq.heappush(heap, (ready[n], graph.nodes[n]["priority"], n, n))
+            heapq.heappush(heap, (ready[n], graph.nodes[n]["priority"], graph.nodes[n].get("round", 0), n))
     lane_free: dict[str, float] = defaultdict(float)
     lane_last: dict[str, str] = {}
     task_seen: set[tuple[str, str, int]] = set()
@@ -147,7 +147,7 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
                 cause[s] = n
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(heap, (ready[s], graph.nodes[s]["priority"], s, s))
+                heapq.heappush(heap, (ready[s], graph.nodes[s]["priority"], graph.nodes[s].get("round", 0), s))
     if len(end) != graph.number_of_nodes():
         raise ValueError("plan graph has a cycle; cannot simulate")
     last = max(end, key=end.get) if end else None

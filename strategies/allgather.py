@@ -23,5 +23,7 @@ def expand(g: GraphBuilder, unit: Unit) -> None:
             for w in range(n):
                 payload = encoded[w] if w == v else g.transfer(
                     unit, part, encoded[w], worker(w), here, codec_of=encoded[w], stage="ag")
+                if w != v:  # shifted all-to-all: at round k every worker sends to the one k places ahead
+                    g.graph.nodes[next(iter(g.graph.predecessors(payload)))]["round"] = (v - w) % n
                 decoded.append(g.decode(unit, part, here, payload, codec_of=encoded[w], tag=f"from{w}"))
             g.merge(unit, part, here, decoded, local_slot=None, divisor=unit.divisor, output=True, tag="ag")

@@ -34,6 +34,7 @@ def expand(g: GraphBuilder, unit: Unit) -> None:
                 continue
             enc = g.encode(unit, part, worker(w), src=None, ef_role=worker(w), tag="push")
             recv = g.transfer(unit, part, enc, worker(w), host, codec_of=enc, stage="push")
+            g.graph.nodes[next(iter(g.graph.predecessors(recv)))]["round"] = (index - w) % n  # shifted pushes
             decoded.append(g.decode(unit, part, host, recv, codec_of=enc, tag=f"push.from{w}"))
         merged = g.merge(unit, part, host, decoded, local_slot=host_rank, divisor=unit.divisor, tag="ps")
         # pull: the aggregate is encoded once (identity codec for one-way PS) and decoded by every worker.
@@ -44,4 +45,5 @@ def expand(g: GraphBuilder, unit: Unit) -> None:
                 g.decode(unit, part, host, final, codec_of=final, output=True, tag="pull")
                 continue
             recv = g.transfer(unit, part, final, host, worker(w), codec_of=final, stage="pull")
+            g.graph.nodes[next(iter(g.graph.predecessors(recv)))]["round"] = (w - index) % n
             g.decode(unit, part, worker(w), recv, codec_of=final, output=True, tag="pull")

@@ -84,6 +84,7 @@ class RayEngine:
                  placement: str = "spread", num_cpus_per_actor: float | None = None):
         if not isinstance(plan, SyncPlan):
             raise TypeError(f"RayEngine needs a SyncPlan, got {type(plan).__name__}")
+        plan.require_executable("RayEngine")
         if placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {placement!r}")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
