@@ -7,10 +7,12 @@
 from primitives.codecs import Codec, available_codecs, get_codec, register_codec
 
 from .build import build_plan
+from .costmodel import ClusterModel, Profile
 from .engine_local import LocalEngine
 from .errors import ReplicaMismatchError, SyncError, SyncTimeoutError, WorkerLostError
 from .models import model_names
 from .plan import SyncPlan
+from .simulator import Timeline, simulate
 from .specs import Bucket, TensorSpec
 
 __version__ = "0.1.0"
@@ -22,8 +24,12 @@ def __getattr__(name: str):
         from .runtime.ray_engine import RayEngine
 
         return RayEngine
+    if name == "profile":
+        from .profiler import profile
+
+        return profile
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
-__all__ = ["Bucket", "Codec", "LocalEngine", "RayEngine", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
+__all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
            "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
            "register_codec"]

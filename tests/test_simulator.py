@@ -1,0 +1,104 @@
+"""Cost model files and the timeline simulator's behaviour."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import casync
+from casync.costmodel import ClusterModel, LinearCost, Profile
+from casync.profiler import fit_linear, profile_codecs
+from casync.simulator import simulate
+
+
+def test_default_profile_round_trips(tmp_path):
+    profile = Profile.default()
+    assert {"none", "onebit", "topk(ratio=0.01)"} <= set(profile.codecs)
+    path = profile.save(tmp_path / "p.json")
+    again = Profile.load(path)
+    assert again.to_dict() == profile.to_dict()
+    assert again.encode_s("topk(ratio=0.5)", 1000) == again.encode_s("topk(ratio=0.01)", 1000)  # name fallback
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda d: d.update(version=99), "version"),
+    (lambda d: d.pop("merge"), "merge"),
+    (lambda d: d.update(codecs={}), "codecs"),
+    (lambda d: d["codecs"]["none"].update(encode=[1, -2]), "non-negative"),
+    (lambda d: d.update(transfer_beta_bps=0), "transfer_beta_bps"),
+])
+def test_malformed_profiles_are_rejected(tmp_path, mutate, match):
+    data = Profile.default().to_dict()
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match):
+        Profile.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="JSON"):
+        Profile.load(path)
+
+
+def test_fit_linear_recovers_a_line_and_profiling_runs():
+    fit = fit_linear([1e3, 1e4, 1e5, 1e6], [1e-5 + 2e-9 * n for n in (1e3, 1e4, 1e5, 1e6)])
+    assert fit.a == pytest.approx(1e-5, rel=1e-3) and fit.b == pytest.approx(2e-9, rel=1e-3)
+    costs = profile_codecs(["onebit"], sizes=[2**10, 2**14], repeat=1)
+    assert set(costs["onebit"]) == {"encode", "encode_ef", "decode"}
+    assert all(isinstance(c, LinearCost) and c.b >= 0 for c in costs["onebit"].values())
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(nodes=0), "nodes"), (dict(bandwidth_gbps=0), "bandwidth"),
+                                          (dict(cores_per_node=0), "cores"), (dict(workers_per_node=1.5), "workers")])
+def test_cluster_model_validates(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ClusterModel(**kwargs)
+
+
+def test_slower_network_and_compression_move_time_as_expected():
+    plan = casync.build_plan("resnet50", workers=4, strategy="ring", codec=None)
+    fast = simulate(plan, ClusterModel.for_workers(4, bandwidth_gbps=100)).iteration_time
+    slow = simulate(plan, ClusterModel.for_workers(4, bandwidth_gbps=1)).iteration_time
+    assert slow > 5 * fast
+    onebit = casync.build_plan("resnet50", workers=4, strategy="ring", codec="onebit")
+    assert simulate(onebit, ClusterModel.for_workers(4, bandwidth_gbps=1)).iteration_time < slow / 5
+
+
+def test_timeline_structure():
+    plan = casync.build_plan("resnet50", workers=3, strategy="ps", servers=1, codec="onebit")
+    tl = simulate(plan, ClusterModel(nodes=2, workers_per_node=2, bandwidth_gbps=10))
+    assert len(tl.records) == plan.graph.number_of_nodes()
+    assert tl.iteration_time == pytest.approx(max(r["end"] for r in tl.records))
+    assert tl.critical_path and tl.critical_path[-1] in plan.graph
+    assert all(plan.graph.nodes[n]["actor"] for n in tl.critical_path)
+    # workers 0, 1 and server:0 (servers go round-robin from node 0) share node 0; worker:2 is on node 1:
+    # only cross-node bytes are link bytes
+    assert set(tl.bytes_per_link) == {("worker:2", "server:0"), ("server:0", "worker:2")}
+    lanes = {r["lane"] for r in tl.records}
+    assert {"worker:0/compute0", "server:0/egress", "worker:2/ingress"} <= lanes
+    for lane in lanes:  # a lane never runs two ops at once
+        spans = sorted((r["start"], r["end"]) for r in tl.records if r["lane"] == lane and r["op"] != "recv")
+        assert all(a_end <= b_start + 1e-12 for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
+def test_ready_times_delay_the_buckets_and_hide_communication():
+    plan = casync.build_plan("resnet50", workers=4, strategy="ring", codec=None, bucket_bytes=4 << 20)
+    cluster = ClusterModel.for_workers(4, bandwidth_gbps=10)
+    base = simulate(plan, cluster)
+    late = {t.name: 1.0 for t in plan.tensors}
+    delayed = simulate(plan, cluster, ready_times=late)
+    assert delayed.iteration_time == pytest.approx(1.0 + base.iteration_time, rel=0.01)
+    with pytest.raises(ValueError, match="unknown"):
+        simulate(plan, cluster, ready_times={"nope": 1.0})
+
+
+def test_cores_per_node_models_contention():
+    plan = casync.build_plan("resnet50", workers=4, strategy="allgather", codec="onebit")
+    free = simulate(plan, ClusterModel(nodes=1, workers_per_node=4)).iteration_time
+    shared = simulate(plan, ClusterModel(nodes=1, workers_per_node=4, cores_per_node=1)).iteration_time
+    assert shared > 1.5 * free
+
+
+def test_timeline_draws(tmp_path):
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="onebit")
+    png = simulate(plan).draw(str(tmp_path / "sim.png"))
+    assert open(png, "rb").read(4) == b"\x89PNG"
