@@ -28,8 +28,12 @@ def __getattr__(name: str):
         from .profiler import profile
 
         return profile
+    if name in ("choose_plan", "backward_ready_times"):
+        from . import planner
+
+        return getattr(planner, name)
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
-__all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
+__all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "backward_ready_times", "choose_plan", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
            "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
            "register_codec"]

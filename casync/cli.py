@@ -68,6 +68,50 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(r.consistent for r in rows) else 1
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .build import build_plan
+    from .costmodel import ClusterModel, Profile
+    from .planner import backward_ready_times
+    from .simulator import simulate
+
+    cluster = ClusterModel.for_workers(args.workers, workers_per_node=args.workers_per_node,
+                                       bandwidth_gbps=args.bandwidth, latency_us=args.latency_us)
+    profile = Profile.load(args.profile) if args.profile else Profile.default()
+    codec = args.codec
+    if codec != "auto":
+        codec = [_codec_arg(c.strip()) for c in codec.split(",")] if "," in codec else _codec_arg(codec)
+    strategy = args.strategy if "," not in args.strategy else [s.strip() for s in args.strategy.split(",")]
+    partitions = args.partitions
+    if partitions not in (None, "auto"):
+        if not partitions.isdigit():
+            raise ValueError(f"--partitions must be 'auto' or an int, got {partitions!r}")
+        partitions = int(partitions)
+    ready = backward_ready_times(args.model, args.backward_ms / 1e3) if args.backward_ms else None
+    plan = build_plan(args.model, workers=args.workers, strategy=strategy, codec=codec, partitions=partitions,
+                      bucket_bytes=args.bucket_bytes, cluster=cluster, profile=profile, ready_times=ready)
+    timeline = simulate(plan, cluster, profile, ready)
+    print(plan.summary())
+    info = plan.options.get("planner")
+    if info:
+        print(f"planner: {info['chosen']}; estimated {info['estimated_s'] * 1e3:.1f} ms, "
+              f"{info['simulations']} simulations, {info['seconds']:.2f} s")
+    on_path = set(timeline.critical_path)
+    compute_s = sum(r["end"] - r["start"] for r in timeline.records
+                    if r["node"] in on_path and r["op"] in ("encode", "decode", "merge"))
+    transfer_s = sum(r["end"] - r["start"] for r in timeline.records if r["node"] in on_path and r["op"] == "send")
+    print(f"cluster: {cluster.nodes} nodes x {cluster.workers_per_node} workers, {args.bandwidth:g} Gbps, "
+          f"{args.latency_us:g} us" + (f"; backward pass {args.backward_ms:g} ms" if ready else ""))
+    print(f"simulated iteration time: {timeline.iteration_time * 1e3:.1f} ms")
+    print(f"critical path: {len(timeline.critical_path)} ops ({compute_s * 1e3:.1f} ms compute, "
+          f"{transfer_s * 1e3:.1f} ms transfers)")
+    print(f"bytes on the wire: {plan.wire_bytes():,} ({sum(timeline.bytes_per_link.values()):,} between nodes)")
+    if args.png:
+        timeline.draw(args.png, title=f"{args.model}, {args.workers} workers, {args.bandwidth:g} Gbps: "
+                                      f"{timeline.iteration_time * 1e3:.1f} ms")
+        print(f"wrote {args.png}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models import model_names, model_num_params, model_shapes
 
@@ -111,6 +155,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="directory for compare.md and compare.json")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
+
+    m = sub.add_parser("simulate", help="plan (auto by default) and simulate one iteration on a cluster model")
+    m.add_argument("--model", default="resnet50", help="built-in model name (see `casync models`)")
+    m.add_argument("--workers", type=int, default=8)
+    m.add_argument("--bandwidth", type=float, default=25.0, help="NIC bandwidth in Gbps")
+    m.add_argument("--latency-us", type=float, default=50.0, help="one-way link latency in microseconds")
+    m.add_argument("--workers-per-node", type=int, default=1)
+    m.add_argument("--strategy", default="auto", help="auto | ps | ring | allgather | comma-list of candidates")
+    m.add_argument("--codec", default="auto", help="auto | a codec name | comma-list of candidate codecs")
+    m.add_argument("--partitions", default="auto", help="auto | an int (default: auto)")
+    m.add_argument("--bucket-bytes", type=int, default=None)
+    m.add_argument("--backward-ms", type=float, default=0.0,
+                   help="overlap with a backward pass this long (gradients ready in proportion to size)")
+    m.add_argument("--profile", default=None, help="profile JSON (default: the packaged one)")
+    m.add_argument("--png", help="write the simulated timeline (Gantt chart) to this PNG")
+    m.set_defaults(func=cmd_simulate)
 
     sub.add_parser("models", help="list built-in models").set_defaults(func=cmd_models)
     sub.add_parser("codecs", help="list registered codecs").set_defaults(func=cmd_codecs)

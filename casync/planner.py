@@ -4,32 +4,37 @@
 (:func:`choose_plan`).  The algorithm follows Espresso (ByteComp) and HiPress:
 
 1. **Candidates.**  Every bucket may use any candidate strategy (``ring``, co-located two-way ``ps``,
-   ``allgather``), any candidate codec (default ``none``, ``fp16``, ``onebit``, ``topk:ratio=0.01``) and a
-   few partition counts per strategy (1, 2, 4, N/2, N, 2N and the strategy default, never cutting parts
-   below ``MIN_PARTITION_NUMEL`` elements).  Options a bucket never wants — slower in isolation *and* using
-   more of every resource than another option — are pruned (HiPress's selective compression and
-   partitioning: compress and split only where the isolated cost model says it pays).
+   ``allgather``), any candidate codec (default ``none``, ``fp16``, ``onebit``, ``topk:ratio=0.01``) and,
+   with ``partitions="auto"``, a few partition counts per strategy (1, 2, 4, N/2, N, 2N and the strategy
+   default for ring and PS; 1, 2, 4 for all-gather), never cutting parts below ``MIN_PARTITION_NUMEL``
+   elements (HiPress's partitioning rule: a part must be large enough to amortise a transfer).
 2. **Fast estimator.**  Each (bucket size, option) gets analytical stage costs from the :class:`Profile`
    and the :class:`ClusterModel`, memoized: per worker, the seconds its compute lane, NIC egress and NIC
    ingress are busy (``alpha + bytes/beta`` per transfer, encode/decode/merge per element, per-task call
    overhead), when that use starts and how long the bucket still runs after it ends, and the bucket's
-   isolated makespan (the hop-latency chain of one partition, plus pipelining of several).  A pipelined
-   timeline over the buckets in ready order — one compute and one network resource per worker, as in
-   Espresso's timeline model — combines them into an estimated iteration time in microseconds, and
-   evaluates all options of one bucket at once (NumPy, batched).
+   isolated makespan (the hop-latency chain of one partition, the transfer slots an all-to-all exchange
+   needs under the simulator's list scheduling, pipelining of several partitions).  A pipelined
+   timeline over the buckets in ready order — a compute and a network resource per worker, as in
+   Espresso's timeline model — combines them into an estimated iteration time, and evaluates all options
+   of one bucket at once (NumPy, batched): a few microseconds per bucket and option.
 3. **Greedy choice (Espresso).**  Starting from the best uncompressed plan, buckets are visited in priority
    order — largest first, later-ready first among equals; a bucket whose synchronization already hides in
-   a bubble (done before the next gradient is ready) is skipped; otherwise it keeps the option that lowers
-   the estimated iteration time most.  Passes repeat until nothing improves; the uniform fixed plans (one
-   strategy and codec for every bucket) are also estimated and improved the same way, so the result
-   starts from the best of them.
-4. **Validation.**  The chosen plan and the most promising uniform fixed plans are expanded and run
-   through the real :func:`casync.simulator.simulate` within an op budget; the best simulated one is
-   kept.  On small plans the choice is then refined greedily bucket by bucket with the real simulator.
+   a bubble (done before the next gradient is ready) is skipped; otherwise it takes the option that lowers
+   the estimated iteration time most.  Passes repeat until nothing improves.  The same greedy also starts
+   from the best few uniform plans (one option for every bucket).  Then HiPress's selective compression:
+   a bucket is compressed only where that saves at least :func:`min_gain` (0.2% of the iteration).
+4. **Validation.**  The candidates and the promising fixed uniform plans (one strategy and codec for all
+   buckets, default partitions) are expanded and run through the real :func:`casync.simulator.simulate`
+   within an op budget (``sim_budget_ops``); the best simulated plan is kept, so ``auto`` is never worse
+   in simulation than a fixed choice it simulated.  Small plans (a few thousand ops) are then refined
+   bucket by bucket with the real simulator, and compression that does not pay there is undone.
 
-Each bucket's ``note`` says why it got its option, e.g. ``"onebit: -12.3 ms vs none"`` (the predicted
+Each bucket's ``note`` says why it got its option, e.g. ``"onebit: -12.3 ms vs none"`` (the estimated
 iteration time saved against the best uncompressed option for that bucket, other buckets unchanged),
-``"hidden in bubble"`` or ``"small: kept uncompressed"``.
+``"hidden in bubble (40.1 ms to spare)"``, ``"small: kept uncompressed"`` or ``"none: compressing adds
+2.0 ms"``.  ``plan.options["planner"]`` records the estimated and simulated iteration time, which
+candidate won (``"planner"``, ``"uniform ring/onebit"``, ... ``"(refined with the simulator)"``), how
+many simulations ran and how long planning took.
 
 :func:`backward_ready_times` gives a plausible backward-pass profile for ``ready_times``.
 """
@@ -39,7 +44,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -55,10 +60,25 @@ from .tensors import tensor_specs
 DEFAULT_STRATEGIES: tuple[str, ...] = ("ring", "ps", "allgather")
 DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "topk:ratio=0.01")
 #: Real-simulator budget of a planning call, in plan ops simulated (about 15 us each, building included).
-DEFAULT_SIM_BUDGET_OPS = 120_000
+DEFAULT_SIM_BUDGET_OPS = 100_000
 #: Plans up to this many ops are refined bucket by bucket with the real simulator (budget permitting).
 REFINE_MAX_OPS = 4_000
+#: Buckets up to this size whose compression never pays in isolation are reported as "small".
+SMALL_BYTES = 1 << 20
+#: Uniform plans are validated when estimated within this factor of the best so far, or when this cheap.
+VALIDATE_MARGIN = 1.3
+CHEAP_OPS = 5_000
+#: Options per bucket tried with the real simulator when refining (best estimated first).
+REFINE_OPTIONS = 8
 _TOL = 1e-9  # seconds: smaller estimated differences are ties
+#: Compression (lossy) must save at least this much iteration time to be chosen over no compression.
+MIN_GAIN_S = 50e-6
+MIN_GAIN_FRAC = 0.002
+
+
+def min_gain(iteration_s: float) -> float:
+    """Least predicted saving that justifies compressing a bucket: 0.2% of the iteration, at least 50 us."""
+    return max(MIN_GAIN_S, MIN_GAIN_FRAC * iteration_s)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -103,10 +123,6 @@ class Option:
     codec: Codec
     partitions: int
 
-    @property
-    def compressed(self) -> bool:
-        return not self.codec.lossless or self.codec.name != "none"
-
     def label(self) -> str:
         return f"{self.codec} {self.strategy}x{self.partitions}"
 
@@ -142,14 +158,16 @@ class Estimator:
     Resources are indexed ``[compute(N) | egress(N) | ingress(N) | node cores (if modelled)]``.
     """
 
-    #: Calibration of the resource-bound term against the simulator's list scheduling (no backfilling:
-    #: transfers that need two NIC lanes at once leave gaps).
-    PHI = {"ring": 1.0, "ps": 1.0, "allgather": 1.0}
     #: How much of a worker's ingress work delays its egress (and back) when transfers go all-to-all: a
     #: send needs its sender's egress and its receiver's ingress at once and the simulator never
-    #: backfills, so in an all-gather a NIC's two lanes are busy about as long as both together
-    #: (2N-3 transfer slots for N-1 sends).  Ring transfers pair worker w's egress with w+1's ingress only.
-    COUPLING = {"ring": 0.0, "ps": 0.5, "allgather": 1.0}
+    #: backfills.  Where strategies tag all-to-all sends with shifted rounds (every worker sends to the one
+    #: k places ahead at round k) the exchange is a perfect matching and the lanes do not wait for each
+    #: other; without them an all-gather needs 2N-3 transfer slots for N-1 sends, and 0.5 fitted the
+    #: simulator on resnet50/bert-base/gpt2 plans.  Ring transfers pair worker w's egress with w+1's
+    #: ingress only, so their lanes never wait for each other.
+    COUPLING_UNSHIFTED = {"ring": 0.0, "ps": 0.5, "allgather": 0.5}
+    #: PS with several partitions: each host's pushes in and pulls out contend with its own pushes out.
+    COUPLING_PS_SERVING = 0.5
 
     def __init__(self, workers: int, cluster: ClusterModel, profile: Profile, *, error_feedback: bool = True,
                  two_way: bool = True):
@@ -204,9 +222,9 @@ class Estimator:
             L, wire = self._ps(acc, n, K, codec)
         else:
             L, wire = self._allgather(acc, n, K, codec)
-        return self._finish(acc, L, wire, _op_count(option.strategy, N, K), option.strategy)
+        return self._finish(acc, L, wire, _op_count(option.strategy, N, K), option.strategy, K)
 
-    def _finish(self, acc: "_Acc", L: float, wire: int, ops: int, strategy: str) -> _Cost:
+    def _finish(self, acc: "_Acc", L: float, wire: int, ops: int, strategy: str, K: int) -> _Cost:
         N = self.N
         work = np.concatenate([acc.work[0] / self.lanes, acc.work[1], acc.work[2]])
         first = np.concatenate(acc.first)
@@ -226,13 +244,18 @@ class Estimator:
             last = np.concatenate([last, node_last])
             used = work > 0
         # several partitions share lanes: the bucket cannot finish before its busiest resource is done
-        bound = head_min + self.PHI[strategy] * float(work.max(initial=0.0)) + tail_min
+        bound = head_min + float(work.max(initial=0.0)) + tail_min
         L = max(L, bound)
         head = np.where(used, first, 0.0)
         tail = np.where(used, L - last, -np.inf)
         tail = np.where(used, np.maximum(tail, 0.0), tail)
-        return _Cost(L=float(L), head=head, work=work, tail=tail, wire=int(wire), ops=ops,
-                     coupling=self.COUPLING[strategy] if N > 1 else 0.0)
+        if N == 1 or strategy == "ring":
+            coupling = 0.0
+        elif strategy == "ps" and K > 1:
+            coupling = self.COUPLING_PS_SERVING  # every worker both pushes and serves: its lanes interfere
+        else:
+            coupling = 0.0 if _shifted_rounds() else self.COUPLING_UNSHIFTED[strategy]
+        return _Cost(L=float(L), head=head, work=work, tail=tail, wire=int(wire), ops=ops, coupling=coupling)
 
     def _wpn(self) -> int:
         return max(1, int(np.bincount(self.node).max()))
@@ -242,7 +265,7 @@ class Estimator:
         codec = option.codec
         if option.strategy == "ps" and not self.two_way:
             codec = self._none
-        per = self._enc(codec, n) + self._dec(codec, n) + self.profile.merge_s(n, 1 if option.strategy != "ring" else 1)
+        per = self._enc(codec, n) + self._dec(codec, n) + self.profile.merge_s(n, 1)
         total = self.o + K * per
         acc.use(0, np.array([0]), 0.0, total, total)
         return total, 0
@@ -318,12 +341,15 @@ class Estimator:
         acc.use(0, w, T, L, o + (K - hosted) * Dp)
         host_work = o + hosted * ((N - 1) * D + M + Ep + Dp)
         acc.use(0, hosts, ready + X + lat, T + Dp, host_work[hosts])
-        # NIC: busy seconds (gaps the list scheduling leaves inside one exchange are in L; across
-        # buckets, other transfers fill them)
-        acc.use(1, w, ready, push_end, pushes * X)
-        acc.use(1, hosts, T, pull_end, hosted[hosts] * (N - 1) * Y)
-        acc.use(2, hosts, ready, push_end, hosted[hosts] * (N - 1) * X)
-        acc.use(2, w, T, pull_end, (K - hosted) * Y)
+        # NIC: busy seconds, stretched by how far the exchange falls short of a perfect schedule (the
+        # list scheduling's gaps are lost to the next buckets too: lanes are never backfilled)
+        ideal = max(int(pushes.max()), (N - 1) * int(hosted.max())) + max((N - 1) * int(hosted.max()),
+                                                                          int((K - hosted).max()))
+        stretch = max(1.0, s_total / ideal)
+        acc.use(1, w, ready, push_end, stretch * pushes * X)
+        acc.use(1, hosts, T, pull_end, stretch * hosted[hosts] * (N - 1) * Y)
+        acc.use(2, hosts, ready, push_end, stretch * hosted[hosts] * (N - 1) * X)
+        acc.use(2, w, T, pull_end, stretch * (K - hosted) * Y)
         return L, K * (N - 1) * (B + Bp)
 
     def _allgather(self, acc: "_Acc", n: int, K: int, codec: Codec) -> tuple[float, int]:
@@ -345,34 +371,74 @@ class Estimator:
 
 
 _SLOTS: dict[tuple[str, int, int], tuple[int, int]] = {}
+_PROBE: dict[str, bool] = {}
+
+
+def _probe(what: str) -> bool:
+    """How the strategies tag ops for the simulator's tie-breaking, probed once on tiny expansions:
+    ``"shifted"``: all-to-all sends carry a ``round`` (a shifted exchange); ``"ps_encode_rounds"``: PS push
+    encodes carry their push's round too (a worker encodes its pushes in round order)."""
+    if not _PROBE:
+        from strategies import GraphBuilder, Unit
+        from strategies import allgather as ag
+        from strategies import ps
+
+        unit = Unit(tensor="t", partitions=((0, 4), (4, 8), (8, 12)), workers=3, codec=get_codec("none"),
+                    error_feedback=False, divisor=3, priority=0)
+        g = GraphBuilder()
+        ag.expand(g, unit)
+        _PROBE["shifted"] = any("round" in a for _, a in g.graph.nodes(data=True))
+        g = GraphBuilder()
+        ps.expand(g, unit)
+        _PROBE["ps_encode_rounds"] = any("round" in a for _, a in g.graph.nodes(data=True) if a["op"] == "encode")
+    return _PROBE[what]
+
+
+def _shifted_rounds() -> bool:
+    return _probe("shifted")
 
 
 def _slots(pattern: str, N: int, K: int) -> tuple[int, int]:
     """Transfer slots the simulator's list scheduling needs for an all-gather (``"ag"``) or a PS
     push-then-pull (``"ps"``) exchange of ``K`` partitions among ``N`` workers: ``(first phase, total)``.
 
-    Transfers take one unit each and start, in (ready, node id) order, when both the sender's egress and
-    the receiver's ingress are free — no backfilling, as in :func:`casync.simulator.simulate` — so
-    all-to-all exchanges need about 2N-3 slots where a perfect matching would need N-1.  A PS pull
-    becomes ready when the last push of its partition arrived.  Memoized per (pattern, N, K).
+    Transfers take one unit each and start, in the simulator's order (ready time, then the send's
+    ``round`` where strategies tag a shifted exchange, then node id), when both the sender's egress and the
+    receiver's ingress are free — no backfilling, as in :func:`casync.simulator.simulate`.  Unshifted, an
+    all-to-all exchange needs about 2N-3 slots where a perfect matching needs N-1.  A PS pull becomes
+    ready when the last push of its partition arrived.  Memoized per (pattern, N, K).
     """
     key = (pattern, N, K)
     if key in _SLOTS:
         return _SLOTS[key]
-    heap: list[tuple[int, str, int, int, int, int]] = []
-    for p in range(K):
-        h = p % N
-        for w in range(N):
+    shifted = _shifted_rounds()
+
+    def rnd(k: int) -> int:
+        return k % N if shifted else 0
+
+    # a worker encodes its partitions one after the other (in node-id order, or round order where push
+    # encodes carry rounds), so the sends of its k-th encoded partition become ready a little after those
+    # of its (k-1)-th: k orders before round and id
+    heap: list[tuple[float, int, str, int, int, int, int]] = []
+    order = sorted(range(K), key=lambda p: f"p{p}/")
+    by_round = pattern == "ps" and _probe("ps_encode_rounds")
+    for w in range(N):
+        mine = [p for p in order if pattern == "ag" or p % N != w]
+        if by_round:
+            mine.sort(key=lambda p: rnd(p % N - w))
+        for k, p in enumerate(mine):
+            h = p % N
+            ready = k * 1e-6
             if pattern == "ag":
-                heap += [(0, f"p{p}/worker:{w}/to.worker:{v}", w, v, p, 1) for v in range(N) if v != w]
-            elif w != h:
-                heap.append((0, f"p{p}/worker:{w}/push.to.worker:{h}", w, h, p, 0))
+                heap += [(ready, rnd(v - w), f"p{p}/worker:{w}/to.worker:{v}", w, v, p, 1) for v in range(N) if v != w]
+            else:
+                heap.append((ready, rnd(h - w), f"p{p}/worker:{w}/push.to.worker:{h}", w, h, p, 0))
     heapq.heapify(heap)
-    egress, ingress = [0] * N, [0] * N
-    left, done = [N - 1] * K, [0] * K
-    first = end = 0
+    egress, ingress = [0.0] * N, [0.0] * N
+    left, done = [N - 1] * K, [0.0] * K
+    first = end = 0.0
     while heap:
-        ready, _, src, dst, p, phase = heapq.heappop(heap)
+        ready, _, _, src, dst, p, phase = heapq.heappop(heap)
         t = max(ready, egress[src], ingress[dst]) + 1
         egress[src] = ingress[dst] = t
         end = max(end, t)
@@ -384,8 +450,9 @@ def _slots(pattern: str, N: int, K: int) -> tuple[int, int]:
                 h = p % N
                 for w in range(N):
                     if w != h:
-                        heapq.heappush(heap, (done[p], f"p{p}/worker:{h}/pull.to.worker:{w}", h, w, p, 1))
-    _SLOTS[key] = out = (first if pattern == "ps" else end, end)
+                        heapq.heappush(heap, (done[p], rnd(w - h), f"p{p}/worker:{h}/pull.to.worker:{w}",
+                                              h, w, p, 1))
+    _SLOTS[key] = out = (round(first if pattern == "ps" else end), round(end))
     return out
 
 
@@ -409,44 +476,577 @@ class _Acc:
         np.add.at(self.work[kind], idx, busy)
 
 
-def _advance(free: np.ndarray, r: float, c: _Cost, N: int) -> np.ndarray:
-    """Resource free times after bucket ``c`` (ready at ``r``) claims its work (``free``: (..., R))."""
-    f = np.maximum(free, r + c.head) + c.work
-    if c.coupling and N > 1:
+# ---------------------------------------------------------------------------------------------------------
+# Pipelined timeline over buckets (batched over the options of one bucket)
+# ---------------------------------------------------------------------------------------------------------
+
+#: Share of a bucket's queueing delay (work already waiting on the lanes it uses when it becomes ready)
+#: that lengthens its own hop chain: ops of all pending buckets interleave in ready order, so a bucket
+#: arriving behind a backlog neither waits for all of it nor none of it (fitted against the simulator).
+THETA = 0.5
+
+
+@dataclass
+class _Stack:
+    """Costs of several options of one bucket as arrays (leading axis: option)."""
+
+    head: np.ndarray
+    work: np.ndarray
+    tail: np.ndarray
+    L: np.ndarray
+    coupling: np.ndarray
+
+    @classmethod
+    def of(cls, costs: Sequence[_Cost]) -> "_Stack":
+        return cls(head=np.stack([c.head for c in costs]), work=np.stack([c.work for c in costs]),
+                   tail=np.stack([c.tail for c in costs]), L=np.array([c.L for c in costs]),
+                   coupling=np.array([c.coupling for c in costs]))
+
+
+def _step(free: np.ndarray, mt: np.ndarray, r: float, head: np.ndarray, work: np.ndarray, tail: np.ndarray,
+          L: Any, coupling: Any, N: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """One bucket (ready at ``r``) claims its work.  ``free``/``mt``: per resource, when it is free and the
+    shortest remaining chain after the work queued on it; arrays may carry a leading option axis.
+    Returns the new ``free``, ``mt`` and the bucket's estimated finish."""
+    used = work > 0
+    start = r + head
+    backlog = free > start
+    delay = np.max(np.where(used, free - start, 0.0), axis=-1)
+    f = np.maximum(free, start) + work
+    coupling = np.asarray(coupling, dtype=float)
+    if N > 1 and np.any(coupling > 0):
         e, i = slice(N, 2 * N), slice(2 * N, 3 * N)
-        we, wi = c.work[e], c.work[i]
-        nic = np.maximum(np.maximum(free[..., e], free[..., i]), r + np.minimum(c.head[e], c.head[i]))
-        used = (we + wi) > 0
-        f[..., e] = np.where(used, nic + we + c.coupling * wi, f[..., e])
-        f[..., i] = np.where(used, nic + wi + c.coupling * we, f[..., i])
-    return f
+        we, wi = work[..., e], work[..., i]
+        c = coupling[..., None]
+        nic = np.maximum(np.maximum(free[..., e], free[..., i]), r + np.minimum(head[..., e], head[..., i]))
+        on = ((we + wi) > 0) & (c > 0)
+        f[..., e] = np.where(on, nic + we + c * wi, f[..., e])
+        f[..., i] = np.where(on, nic + wi + c * we, f[..., i])
+    mt = np.where(used, np.where(backlog, np.minimum(mt, tail), tail), mt)
+    mt = np.where(f > r, mt, -np.inf)
+    fin = np.maximum(r + L + THETA * np.maximum(delay, 0.0), np.max(f + np.where(used, mt, -np.inf), axis=-1))
+    return f, mt, fin
 
 
-def timeline_estimate(costs: Sequence[_Cost], ready: Sequence[float], order: Sequence[int],
-                      workers: int, mode: int = 1) -> tuple[float, list[float]]:
-    """Estimated iteration time of buckets with ``costs`` (ready at ``ready``), visited in ``order``."""
-    R = costs[0].work.shape[0]
-    free = np.zeros(R)
-    mt = np.full(R, -np.inf)
-    end = 0.0
-    fins = [0.0] * len(costs)
-    for b in order:
-        c, r = costs[b], ready[b]
-        backlog = free > r + c.head
-        f = _advance(free, r, c, workers)
-        if mode == 2:
-            used = c.work > 0
-            delay = float(np.max(np.where(used, free - r - c.head, 0.0), initial=0.0))
-            mt = np.where(c.work > 0, np.where(backlog, np.minimum(mt, c.tail), c.tail), mt)
-            mt = np.where(f > r, mt, -np.inf)
-            fin = max(r + c.L + max(delay, 0.0), float((f + np.where(c.work > 0, mt, -np.inf)).max()))
-        elif mode == 1:
-            mt = np.where(c.work > 0, np.where(backlog, np.minimum(mt, c.tail), c.tail), mt)
-            mt = np.where(f > r, mt, -np.inf)
-            fin = max(r + c.L, float((f + np.where(c.work > 0, mt, -np.inf)).max()))
-        else:
-            fin = max(r + c.L, float((f + c.tail).max()))
-        free = f
-        fins[b] = fin
-        end = max(end, fin)
+class _Timeline:
+    """Espresso-style timeline model: buckets claim per-worker compute / egress / ingress in ready order."""
+
+    def __init__(self, ready: Sequence[float], workers: int, resources: int):
+        self.ready = list(ready)
+        self.N = workers
+        self.R = resources
+        self.order = sorted(range(len(ready)), key=lambda b: (ready[b], b))
+        self.pos = {b: i for i, b in enumerate(self.order)}
+
+    def run(self, costs: Sequence[_Cost]) -> tuple[float, float, list[float], list[tuple]]:
+        """(iteration time, sum of finishes, finish per bucket, state before each position)."""
+        free, mt = np.zeros(self.R), np.full(self.R, -np.inf)
+        end = total = 0.0
+        fins = [0.0] * len(costs)
+        states = []
+        for b in self.order:
+            states.append((free, mt, end, total))
+            c = costs[b]
+            free, mt, fin = _step(free, mt, self.ready[b], c.head, c.work, c.tail, c.L, c.coupling, self.N)
+            fins[b] = float(fin)
+            end = max(end, fins[b])
+            total += fins[b]
+        return end, total, fins, states
+
+    def batch(self, states: list[tuple], b: int, stack: _Stack, costs: Sequence[_Cost]) -> tuple[np.ndarray, np.ndarray]:
+        """Iteration time and sum of finishes for every option of bucket ``b`` (others as in ``costs``)."""
+        i = self.pos[b]
+        free, mt, end, total = states[i]
+        free, mt, fin = _step(free, mt, self.ready[b], stack.head, stack.work, stack.tail, stack.L,
+                              stack.coupling, self.N)
+        end = np.maximum(end, fin)
+        total = total + fin
+        for other in self.order[i + 1:]:
+            c = costs[other]
+            free, mt, fin = _step(free, mt, self.ready[other], c.head, c.work, c.tail, c.L, c.coupling, self.N)
+            end = np.maximum(end, fin)
+            total = total + fin
+        return end, total
+
+
+def timeline_estimate(costs: Sequence[_Cost], ready: Sequence[float], workers: int) -> tuple[float, list[float]]:
+    """Estimated iteration time and per-bucket finish of buckets with ``costs`` ready at ``ready``."""
+    end, _, fins, _ = _Timeline(ready, workers, costs[0].work.shape[0]).run(costs)
     return end, fins
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Lexicographic (iteration time, sum of finishes) with a tolerance: is ``a`` strictly better?"""
+    tol = max(_TOL, 1e-6 * abs(b[0]))
+    if a[0] < b[0] - tol:
+        return True
+    if a[0] > b[0] + tol:
+        return False
+    return a[1] < b[1] - max(_TOL, 1e-6 * abs(b[1]))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Bucket:
+    name: str
+    group: list[TensorSpec]
+    numel: int
+    ready: float
+    options: list[Option] = field(default_factory=list)
+    costs: list[_Cost] = field(default_factory=list)
+    stack: _Stack | None = None
+    index: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    baseline: list[int] = field(default_factory=list)  # options with the baseline (uncompressed) codec
+
+
+def _partition_candidates(strategy: str, workers: int, numel: int, partitions: Any) -> list[int]:
+    default = _build.effective_partitions(_build.BucketChoice(strategy=strategy), workers, numel)
+    if partitions is None:
+        return [default]
+    if partitions != "auto":
+        return [int(partitions)]
+    cap = max(1, -(-numel // _build.MIN_PARTITION_NUMEL))
+    wanted = (1, 2, 4) if strategy == "allgather" else (1, 2, 4, workers // 2, workers, 2 * workers)
+    return sorted({default} | {k for k in wanted if 1 <= k <= cap})
+
+
+def _normalize_strategies(strategies: Any) -> tuple[str, ...]:
+    if strategies == "auto" or strategies is None:
+        strategies = DEFAULT_STRATEGIES
+    elif isinstance(strategies, str):
+        strategies = (strategies,)
+    elif not isinstance(strategies, (list, tuple)):
+        raise TypeError(f"strategies must be 'auto', a strategy name or a list of names, got {strategies!r}")
+    elif not strategies:
+        raise ValueError("strategy candidates must not be empty")
+    out = []
+    for s in strategies:
+        get_strategy(s)  # validates, naming the choices
+        if s not in out:
+            out.append(s)
+    return tuple(out)
+
+
+def _normalize_codecs(codecs: Any) -> tuple[Codec, ...]:
+    if isinstance(codecs, str) and codecs == "auto":
+        codecs = DEFAULT_CODECS
+    elif not isinstance(codecs, list):
+        codecs = [codecs]
+    elif not codecs:
+        raise ValueError("codec candidates must not be empty")
+    out: list[Codec] = []
+    for spec in codecs:
+        c = get_codec(spec)
+        if c not in out:
+            out.append(c)
+    return tuple(out)
+
+
+def _normalize_partitions(partitions: Any) -> Any:
+    if partitions is None or partitions == "auto":
+        return partitions
+    _build._check_int("partitions", partitions, 1)
+    if partitions > _build.MAX_PARTITIONS:
+        raise ValueError(f"partitions={partitions} is more than the supported maximum {_build.MAX_PARTITIONS}")
+    return partitions
+
+
+def _bucket_ready(groups: list[tuple[str, list[TensorSpec]]], ready_times: Mapping[str, float] | None,
+                  specs: list[TensorSpec]) -> list[float]:
+    """A bucket is ready when its last member is (as the simulator has it); unknown names are errors."""
+    if ready_times is None:
+        return [0.0] * len(groups)
+    if not isinstance(ready_times, Mapping):
+        raise TypeError("ready_times must be a mapping tensor name -> seconds")
+    known = {s.name for s in specs} | {name for name, _ in groups}
+    unknown = set(ready_times) - known
+    if unknown:
+        raise ValueError(f"ready_times names unknown tensors: {sorted(unknown)[:5]}")
+    for name, t in ready_times.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"ready_times[{name!r}] must be a non-negative number of seconds, got {t!r}")
+    out = []
+    for name, group in groups:
+        times = [ready_times[s.name] for s in group if s.name in ready_times]
+        if name in ready_times:
+            times.append(ready_times[name])
+        out.append(float(max(times)) if times else 0.0)
+    return out
+
+
+class Planner:
+    """Chooses one :class:`Option` per bucket; see the module docstring.  Use :func:`choose_plan`."""
+
+    def __init__(self, specs: list[TensorSpec], workers: int, cluster: ClusterModel, profile: Profile, *,
+                 strategies: Sequence[str], codecs: Sequence[Codec], partitions: Any, bucket_bytes: int,
+                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool):
+        self.specs = specs
+        self.workers = workers
+        self.cluster = cluster
+        self.profile = profile
+        self.strategies = tuple(strategies)
+        self.codecs = tuple(codecs)
+        self.partitions = partitions
+        self.two_way = two_way
+        self.error_feedback = error_feedback
+        self.groups = _build.name_buckets(specs, _build.make_buckets(specs, bucket_bytes))
+        ready = _bucket_ready(self.groups, ready_times, specs)
+        self.est = Estimator(workers, cluster, profile, error_feedback=error_feedback, two_way=two_way)
+        none = get_codec("none")
+        self.base_codec = none if none in self.codecs else self.codecs[0]
+        self.buckets: list[_Bucket] = []
+        for (name, group), r in zip(self.groups, ready):
+            numel = sum(s.numel for s in group)
+            b = _Bucket(name=name, group=group, numel=numel, ready=r)
+            for strategy in self.strategies:
+                for k in _partition_candidates(strategy, workers, numel, partitions):
+                    for codec in self.codecs:
+                        b.index[(strategy, str(codec), k)] = len(b.options)
+                        if codec == self.base_codec:
+                            b.baseline.append(len(b.options))
+                        b.options.append(Option(strategy, codec, k))
+            b.costs = [self.est.cost(numel, o) for o in b.options]
+            b.stack = _Stack.of(b.costs)
+            self.buckets.append(b)
+        self.timeline = _Timeline([b.ready for b in self.buckets], workers, self.est.R)
+        # Espresso's priority: largest first, later-ready first among equals
+        self.priority = sorted(range(len(self.buckets)),
+                               key=lambda i: (-self.buckets[i].numel, -self.buckets[i].ready, i))
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+    def costs_of(self, assign: Sequence[int]) -> list[_Cost]:
+        return [b.costs[j] for b, j in zip(self.buckets, assign)]
+
+    def estimate(self, assign: Sequence[int]) -> tuple[float, float]:
+        end, total, _, _ = self.timeline.run(self.costs_of(assign))
+        return end, total
+
+    def uniform(self, strategy: str, codec: Codec, rule: Any) -> list[int] | None:
+        """One option for every bucket: ``rule`` is ``"default"`` or a partition count (clipped per bucket)."""
+        assign = []
+        for b in self.buckets:
+            ks = [k for (s, c, k) in b.index if s == strategy and c == str(codec)]
+            if not ks:
+                return None
+            if rule == "default":
+                k = _build.effective_partitions(_build.BucketChoice(strategy=strategy), self.workers, b.numel)
+                if (strategy, str(codec), k) not in b.index:
+                    k = min(ks, key=lambda x: abs(x - k))
+            else:
+                k = max([x for x in ks if x <= rule], default=min(ks))
+            assign.append(b.index[(strategy, str(codec), k)])
+        return assign
+
+    def hidden(self, b: int, fins: list[float]) -> float | None:
+        """Seconds bucket ``b`` finishes before the next gradient is ready, if it hides in that bubble."""
+        i = self.timeline.pos[b]
+        if i + 1 >= len(self.buckets):
+            return None
+        nxt = self.buckets[self.timeline.order[i + 1]].ready
+        slack = nxt - fins[b]
+        return slack if slack >= 0 else None
+
+    # -- search ---------------------------------------------------------------------------------------------
+    def greedy(self, assign: list[int], *, skip_hidden: bool, passes: int = 4) -> list[int]:
+        """Espresso's greedy: visit buckets by priority, keep the option that lowers the estimate most."""
+        assign = list(assign)
+        for _ in range(passes):
+            changed = False
+            for b in self.priority:
+                costs = self.costs_of(assign)
+                end, total, fins, states = self.timeline.run(costs)
+                if skip_hidden and self.hidden(b, fins) is not None:
+                    continue
+                ends, totals = self.timeline.batch(states, b, self.buckets[b].stack, costs)
+                best = assign[b]
+                for j in np.lexsort((totals, ends))[:1]:
+                    if _better((float(ends[j]), float(totals[j])), (end, total)):
+                        best = int(j)
+                if best != assign[b]:
+                    assign[b] = best
+                    changed = True
+            if not changed:
+                break
+        return assign
+
+    def simplify(self, assign: list[int]) -> list[int]:
+        """Where the baseline codec (no compression) estimates as good, use it: compress only where it pays."""
+        assign = list(assign)
+        for b in self.priority:
+            bucket = self.buckets[b]
+            if assign[b] in bucket.baseline:
+                continue
+            costs = self.costs_of(assign)
+            end, total, _, states = self.timeline.run(costs)
+            ends, totals = self.timeline.batch(states, b, bucket.stack, costs)
+            base = min(bucket.baseline, key=lambda j: (ends[j], totals[j]))
+            if ends[base] <= end + min_gain(end):
+                assign[b] = int(base)
+        return assign
+
+    def notes(self, assign: list[int]) -> list[str]:
+        """Why each bucket has its option: the predicted gain against the best baseline-codec option."""
+        costs = self.costs_of(assign)
+        end, total, fins, states = self.timeline.run(costs)
+        out = []
+        base_name = str(self.base_codec)
+        verb = "compressing" if base_name == "none" else "another codec"
+        for b, bucket in enumerate(self.buckets):
+            opt = bucket.options[assign[b]]
+            ends, _ = self.timeline.batch(states, b, bucket.stack, costs)
+            others = [j for j in range(len(bucket.options)) if j not in bucket.baseline]
+            slack = self.hidden(b, fins)
+            if assign[b] in bucket.baseline:
+                if slack is not None:
+                    out.append(f"hidden in bubble ({slack * 1e3:.1f} ms to spare)")
+                elif not others:
+                    out.append(f"{base_name}: the only codec candidate")
+                else:
+                    best = min(others, key=lambda j: ends[j])
+                    extra = float(ends[best]) - end
+                    if self._small(bucket):
+                        out.append(f"small: kept {'uncompressed' if base_name == 'none' else base_name}")
+                    elif extra > 5e-5:
+                        out.append(f"{base_name}: {verb} adds {extra * 1e3:.1f} ms")
+                    else:
+                        out.append(f"{base_name}: {verb} saves nothing")
+            else:
+                best_base = min(bucket.baseline, key=lambda j: ends[j]) if bucket.baseline else None
+                if best_base is None:
+                    out.append(f"{opt.codec}: best of the candidates")
+                else:
+                    gain = float(ends[best_base]) - end
+                    note = f"{opt.codec}: {-gain * 1e3:+.1f} ms vs {base_name}"
+                    if slack is not None:
+                        note += " (hidden in bubble)"
+                    out.append(note)
+        return out
+
+    def _never_pays(self, bucket: _Bucket) -> bool:
+        """HiPress's selective compression: in isolation, no compressed option beats the best uncompressed."""
+        base = min(bucket.costs[j].L for j in bucket.baseline)
+        comp = [c.L for j, c in enumerate(bucket.costs) if j not in bucket.baseline]
+        return bool(comp) and min(comp) >= base
+
+    def _small(self, bucket: _Bucket) -> bool:
+        return bucket.numel * 4 <= SMALL_BYTES and self._never_pays(bucket)
+
+    def choices(self, assign: list[int], notes: list[str]) -> list[_build.BucketChoice]:
+        return [_build.BucketChoice(strategy=o.strategy, codec=o.codec, partitions=o.partitions,
+                                    two_way=self.two_way, servers=None, note=note)
+                for o, note in zip((b.options[j] for b, j in zip(self.buckets, assign)), notes)]
+
+
+def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = None, profile: Profile | None = None,
+                strategies: Any = DEFAULT_STRATEGIES, codecs: Any = "auto", partitions: Any = "auto",
+                ready_times: Mapping[str, float] | None = None, *, two_way: bool = True,
+                error_feedback: bool = True, op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
+                sim_budget_ops: int = DEFAULT_SIM_BUDGET_OPS, options: Mapping[str, Any] | None = None) -> SyncPlan:
+    """Choose strategy, codec and partitions per bucket for ``workers`` on ``cluster``; returns the plan.
+
+    ``strategies``: ``"auto"`` (ring, ps, allgather) or names; ``codecs``: ``"auto"`` (none, fp16, onebit,
+    topk:ratio=0.01), a list of specs, or one spec; ``partitions``: ``"auto"`` (a few per strategy), ``None``
+    (each strategy's default) or an int.  ``cluster`` defaults to what :func:`~casync.simulator.simulate`
+    assumes (all workers on one node); ``profile`` to :meth:`Profile.default`; ``ready_times`` maps tensor
+    names to the second their gradient is ready (see :func:`backward_ready_times`).  ``sim_budget_ops``
+    bounds the real-simulator checks (plan ops simulated); 0 trusts the estimator alone.
+
+    Every bucket's ``note`` says why it got its option; ``plan.options["planner"]`` holds the estimated
+    and simulated iteration times and which candidate plan won.
+    """
+    from .simulator import simulate
+
+    started = time.perf_counter()
+    _build._check_int("workers", workers, 1)
+    _build._check_bool("two_way", two_way)
+    _build._check_bool("error_feedback", error_feedback)
+    if op not in ("mean", "sum"):
+        raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
+    _build._check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
+    _build._check_int("seed", seed, 0)
+    _build._check_int("sim_budget_ops", sim_budget_ops, 0)
+    strategies = _normalize_strategies(strategies)
+    codec_objs = _normalize_codecs(codecs)
+    partitions = _normalize_partitions(partitions)
+    cluster = cluster if cluster is not None else ClusterModel(nodes=1, workers_per_node=workers)
+    if not isinstance(cluster, ClusterModel):
+        raise TypeError(f"cluster must be a casync.ClusterModel, got {type(cluster).__name__}")
+    if cluster.nodes * cluster.workers_per_node < workers:
+        raise ValueError(f"cluster has room for {cluster.nodes * cluster.workers_per_node} workers "
+                         f"(nodes x workers_per_node), plan has {workers}")
+    profile = profile if profile is not None else Profile.default()
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a casync.costmodel.Profile, got {type(profile).__name__}")
+    for c in codec_objs:
+        try:
+            profile.encode_s(str(c), 1)
+            profile.decode_s(str(c), 1)
+        except KeyError as exc:
+            raise ValueError(f"cannot plan with codec {str(c)!r}: {exc.args[0]}") from None
+    specs = tensor_specs(tensors)
+    bucket_bytes = _build.DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    planner = Planner(specs, workers, cluster, profile, strategies=strategies, codecs=codec_objs,
+                      partitions=partitions, bucket_bytes=bucket_bytes, ready_times=ready_times,
+                      two_way=two_way, error_feedback=error_feedback)
+
+    # 1. starting points: uniform plans (every strategy x codec x partition rule), estimated
+    rules: list[Any] = ["default"]
+    if partitions == "auto":
+        rules += sorted({k for b in planner.buckets for o in b.options for k in [o.partitions]})
+    uniform: dict[tuple[str, str, Any], list[int]] = {}
+    for s in strategies:
+        for c in codec_objs:
+            for rule in rules:
+                a = planner.uniform(s, c, rule)
+                if a is not None and tuple(a) not in {tuple(v) for v in uniform.values()}:
+                    uniform[(s, str(c), rule)] = a
+    scored = sorted(uniform.items(), key=lambda kv: planner.estimate(kv[1]))
+    # 2. Espresso: from the best plan without compression, bucket by bucket, skipping hidden ones
+    base_plans = [a for (s, c, r), a in scored if c == str(planner.base_codec)]
+    candidates = [planner.greedy(base_plans[0], skip_hidden=True)]
+    # ... and from the best few uniform plans
+    for _, a in scored[:3]:
+        candidates.append(planner.greedy(a, skip_hidden=False))
+    # compress only where it pays (by the estimate); the unsimplified results are validated too
+    twins = {tuple(a): planner.simplify(a) for a in candidates}
+    best = min(twins.values(), key=planner.estimate)
+    best_est = planner.estimate(best)[0]
+
+    # 3. validate with the real simulator, within the op budget: the planner's candidates and the fixed
+    # uniform plans (default partitions) that the estimate does not rule out (cheap ones always)
+    rt = dict(ready_times) if ready_times else None
+    budget = sim_budget_ops
+    sims = 0
+    kept: dict[tuple[int, ...], SyncPlan] = {}  # the plan of the current choice, so it is built only once
+
+    def run(assign: list[int]) -> tuple[float, SyncPlan] | None:
+        nonlocal budget, sims
+        ops = sum(b.costs[j].ops for b, j in zip(planner.buckets, assign))
+        if ops > budget:
+            return None
+        budget -= ops
+        sims += 1
+        plan = _build.assemble_plan(specs, workers, planner.groups, planner.choices(assign, [""] * len(assign)),
+                                    error_feedback=error_feedback, op=op)
+        return simulate(plan, cluster, profile, rt).iteration_time, plan
+
+    def keep(assign: list[int], plan: SyncPlan) -> None:
+        kept.clear()
+        kept[tuple(assign)] = plan
+
+    queue: list[tuple[float, int, str, list[int]]] = []
+    for raw, simple in twins.items():
+        queue.append((planner.estimate(simple)[0], 0 if simple == best else 2, "planner", simple))
+        queue.append((planner.estimate(list(raw))[0], 2, "planner", list(raw)))
+    for (s, c, rule), a in uniform.items():
+        if rule == "default":
+            queue.append((planner.estimate(a)[0], 1, f"uniform {s}/{c}", a))
+    queue.sort(key=lambda x: (min(x[1], 1), x[0]))
+    simulated: list[tuple[float, str, list[int]]] = []
+    seen: set[tuple[int, ...]] = set()
+    for est, _, label, a in queue:
+        if tuple(a) in seen:
+            continue
+        seen.add(tuple(a))
+        ref = min(x[0] for x in simulated) if simulated else best_est
+        cheap = sum(b.costs[j].ops for b, j in zip(planner.buckets, a)) <= CHEAP_OPS
+        if est > VALIDATE_MARGIN * ref and not cheap:
+            continue
+        out = run(a)
+        if out is not None:
+            if not simulated or out[0] < min(x[0] for x in simulated):
+                keep(a, out[1])
+            simulated.append((out[0], label, a))
+    if simulated:
+        sim_time, winner, best = min(simulated, key=lambda x: x[0])
+        # an unsimplified result wins only if its extra compression saves min_gain in simulation too
+        times = {tuple(a): t for t, _, a in simulated}
+        simple = twins.get(tuple(best))
+        if simple is not None and tuple(simple) in times and simple != best:
+            t_simple = times[tuple(simple)]
+            if t_simple <= sim_time + min_gain(sim_time) and t_simple <= min(
+                    [t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf):
+                sim_time, best = t_simple, simple
+                kept.clear()
+    else:
+        sim_time, winner = None, "planner"
+
+    # 4. small plans: refine bucket by bucket with the real simulator (most promising options first);
+    # compressing a bucket that was not must save min_gain; then undo compression that does not pay
+    ops_now = sum(b.costs[j].ops for b, j in zip(planner.buckets, best))
+    if sim_time is not None and ops_now <= REFINE_MAX_OPS:
+        fixed_best = min([t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf)
+        reserve = budget * 0.3  # for undoing compression that does not pay, below
+        budget -= reserve
+        improved, exhausted = True, False
+        while improved and not exhausted:
+            improved = False
+            for b in planner.priority:
+                bucket = planner.buckets[b]
+                costs = planner.costs_of(best)
+                _, _, _, states = planner.timeline.run(costs)
+                ends, totals = planner.timeline.batch(states, b, bucket.stack, costs)
+                for j in np.lexsort((totals, ends))[:REFINE_OPTIONS]:
+                    if j == best[b]:
+                        continue
+                    trial = list(best)
+                    trial[b] = int(j)
+                    out = run(trial)
+                    if out is None:
+                        exhausted = True
+                        break
+                    compress = best[b] in bucket.baseline and j not in bucket.baseline
+                    if out[0] < sim_time - (min_gain(sim_time) if compress else 1e-6 * sim_time):
+                        sim_time, best, improved = out[0], trial, True
+                        keep(trial, out[1])
+                        if "refined" not in winner:
+                            winner += " (refined with the simulator)"
+                if exhausted:
+                    break
+        budget += reserve
+        exhausted = False
+        anchor = sim_time
+        cap = min(anchor + min_gain(anchor), fixed_best)
+        for b in planner.priority[::-1]:
+            bucket = planner.buckets[b]
+            if best[b] in bucket.baseline or exhausted:
+                continue
+            costs = planner.costs_of(best)
+            _, _, _, states = planner.timeline.run(costs)
+            ends, totals = planner.timeline.batch(states, b, bucket.stack, costs)
+            opt = bucket.options[best[b]]
+            same = bucket.index.get((opt.strategy, str(planner.base_codec), opt.partitions))
+            tries = [same] if same is not None else []
+            tries.append(int(min(bucket.baseline, key=lambda j: (ends[j], totals[j]))))
+            for j in dict.fromkeys(tries):
+                trial = list(best)
+                trial[b] = j
+                out = run(trial)
+                if out is None:
+                    exhausted = True
+                    break
+                if out[0] <= cap:
+                    sim_time, best = out[0], trial
+                    keep(trial, out[1])
+                    break
+
+    # 5. the plan, with a note per bucket and what the planner did in plan.options["planner"]
+    notes = planner.notes(best)
+    plan = kept.get(tuple(best))
+    if plan is None:
+        plan = _build.assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
+                                    error_feedback=error_feedback, op=op)
+    for bucket, note in zip(plan.buckets, notes):
+        bucket.note = note
+    plan.options.update(options or {})
+    plan.options.setdefault("strategy", "auto")
+    plan.options.setdefault("codec", "auto")
+    plan.options.setdefault("partitions", partitions)
+    plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
+        estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
+        strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
+        cluster=cluster.to_dict(), seconds=time.perf_counter() - started))
+    return plan

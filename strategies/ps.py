@@ -35,6 +35,7 @@ def expand(g: GraphBuilder, unit: Unit) -> None:
             enc = g.encode(unit, part, worker(w), src=None, ef_role=worker(w), tag="push")
             recv = g.transfer(unit, part, enc, worker(w), host, codec_of=enc, stage="push")
             g.graph.nodes[next(iter(g.graph.predecessors(recv)))]["round"] = (index - w) % n  # shifted pushes
+            g.graph.nodes[enc]["round"] = (index - w) % n  # encode pushes in round order so they are ready in it
             decoded.append(g.decode(unit, part, host, recv, codec_of=enc, tag=f"push.from{w}"))
         merged = g.merge(unit, part, host, decoded, local_slot=host_rank, divisor=unit.divisor, tag="ps")
         # pull: the aggregate is encoded once (identity codec for one-way PS) and decoded by every worker.
