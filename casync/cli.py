@@ -68,6 +68,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0 if all(r.consistent for r in rows) else 1
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .profiler import DEFAULT_SIZES, profile
+
+    sizes = DEFAULT_SIZES[:4] if args.quick else DEFAULT_SIZES
+    result = profile(sizes=sizes, repeat=1 if args.quick else 3, transfer=not args.no_transfer,
+                     progress=not args.no_progress)
+    rows = [[key, f"{c['encode'].a * 1e6:.1f}", f"{4e-9 / c['encode'].b if c['encode'].b else float('inf'):.2f}",
+             f"{4e-9 / c['decode'].b if c['decode'].b else float('inf'):.2f}"] for key, c in result.codecs.items()]
+    print(format_table(["codec", "encode a (us)", "encode GB/s", "decode GB/s"], rows))
+    print(f"merge: {result.merge.b * 1e9:.3f} ns/element; actor transfer: alpha {result.transfer_alpha_s * 1e3:.2f} ms, "
+          f"beta {result.transfer_beta_bps / 1e9:.2f} GB/s; task overhead {result.task_overhead_s * 1e3:.3f} ms")
+    result.save(args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .build import build_plan
     from .costmodel import ClusterModel, Profile
@@ -171,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--profile", default=None, help="profile JSON (default: the packaged one)")
     m.add_argument("--png", help="write the simulated timeline (Gantt chart) to this PNG")
     m.set_defaults(func=cmd_simulate)
+
+    pr = sub.add_parser("profile", help="measure this machine's codec, merge and transfer costs (JSON)")
+    pr.add_argument("--out", default="profile.json")
+    pr.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, not minutes)")
+    pr.add_argument("--no-transfer", action="store_true", help="skip the Ray actor transfer measurement")
+    pr.add_argument("--no-progress", action="store_true")
+    pr.set_defaults(func=cmd_profile)
 
     sub.add_parser("models", help="list built-in models").set_defaults(func=cmd_models)
     sub.add_parser("codecs", help="list registered codecs").set_defaults(func=cmd_codecs)

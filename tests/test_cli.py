@@ -69,3 +69,13 @@ def test_python_dash_m_and_quickstart(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "replicas identical: True" in run.stdout
     assert (tmp_path / "plan.png").exists() and (tmp_path / "plan.dot").exists()
+
+
+def test_profile_quick_writes_a_loadable_profile(tmp_path, capsys):
+    import casync
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "--quick", "--no-transfer", "--no-progress", "--out", str(out)]) == 0
+    profile = casync.Profile.load(out)
+    assert "onebit" in profile.codecs and profile.merge.b > 0
+    assert "encode GB/s" in capsys.readouterr().out
