@@ -25,6 +25,7 @@ class LocalEngine:
         self.plan = plan
         self.state = EngineState.empty(plan)
         self._order = plan.topological_order()
+        self._bounds = {b.name: b.partitions for b in plan.buckets}
         self._inputs = {n: [u for u, _, _ in sorted(plan.graph.in_edges(n, data="slot"), key=lambda e: e[2])]
                         for n in self._order}
 
@@ -49,7 +50,7 @@ class LocalEngine:
             a = graph.nodes[node]
             local = None
             if a.get("local_input"):
-                start, stop = plan.bucket(a["tensor"]).partitions[a["part"]]
+                start, stop = self._bounds[a["tensor"]][a["part"]]
                 local = flats[int(a["actor"].split(":")[1])][a["tensor"]][start:stop]
             inputs = [values[u] for u in self._inputs[node]]
             result = run_node(a, inputs, local, codecs=plan.codecs, residuals=residuals,
@@ -59,7 +60,7 @@ class LocalEngine:
                 if remaining[u] == 0:
                     del values[u]
             if a.get("output"):
-                start, stop = plan.bucket(a["tensor"]).partitions[a["part"]]
+                start, stop = self._bounds[a["tensor"]][a["part"]]
                 out[int(a["actor"].split(":")[1])][a["tensor"]][start:stop] = result
             if remaining[node]:
                 values[node] = result

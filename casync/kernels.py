@@ -59,15 +59,8 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
         x = local if attrs["local_input"] else inputs[0]
         seed = encode_seed(plan_seed, step, attrs["seed_key"])
         return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None)
-    if op == "decode":
-        codec = codecs[attrs["codec"]]
-        if codec.lossless and codec.name == "none":  # identity: no defensive copy (no consumer mutates it;
-            values = inputs[0]["values"]          # results are copied into fresh output buffers)
-            if values.dtype != np.float32 or values.shape != (attrs["numel"],):
-                raise ValueError(f"codec 'none': payload 'values' must be float32 ({attrs['numel']},), "
-                                 f"got {values.dtype} {values.shape}")
-            return values
-        return codec.decode(inputs[0], attrs["numel"])
+    if op == "decode":  # no consumer mutates a decoded value; results are copied into fresh buffers
+        return codecs[attrs["codec"]].decode_shared(inputs[0], attrs["numel"])
     if op == "merge":
         values = list(inputs)
         if attrs["local_input"]:

@@ -38,9 +38,6 @@ RAY = shutil.which("ray")
 START_TIMEOUT_S = 60   # one `ray start`
 RUN_TIMEOUT_S = 90     # one driver run or job submission, actor start-up included
 
-pytestmark = pytest.mark.skipif(RAY is None, reason="the `ray` command line (pip install 'ray[default]') is missing")
-
-
 def _free_ports(n: int) -> list[int]:
     """Ports free on loopback right now (in a private namespace every port is free; these are just unused)."""
     socks = []
@@ -144,6 +141,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
+    assert RAY, "the `ray` command line is missing: ray is a casync dependency, reinstall with pip install -e ."
     # A short temp root rather than tmp_path: Ray puts unix sockets under it and sun_path holds 107 bytes.
     temp = Path(tempfile.mkdtemp(prefix="casync-rc-"))
     holder = _private_netns()

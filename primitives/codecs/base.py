@@ -50,6 +50,11 @@ class Codec(ABC):
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         """Rebuild a dense float32 array of length ``n`` from ``payload``."""
 
+    def decode_shared(self, payload: Payload, n: int) -> np.ndarray:
+        """Like :meth:`decode`, but the result may share memory with the payload (engines that never
+        mutate decoded values use this to skip a copy).  Default: :meth:`decode`."""
+        return self.decode(payload, n)
+
     @abstractmethod
     def compressed_nbytes(self, n: int) -> int:
         """Exact wire size in bytes of the payload for ``n`` elements."""
@@ -195,3 +200,15 @@ def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise param_error(codec, param, expected, value)
     return int(value)
+
+
+def expand_packed(lut: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
+    """Decode a packed payload through a lookup table: ``lut[b]`` holds the floats byte ``b`` stands for
+    (8 for sign bits, 4 for 2-bit codes); one ``np.take`` per payload, a fresh float32 array of length n."""
+    per_byte = lut.shape[1]
+    out = np.empty(n, np.float32)
+    full = n // per_byte
+    np.take(lut, packed[:full], axis=0, out=out[: full * per_byte].reshape(full, per_byte), mode="wrap")
+    if n % per_byte:
+        out[full * per_byte:] = lut[packed[full], : n % per_byte]
+    return out

@@ -19,6 +19,10 @@ class NoneCodec(Codec):
         n = check_length(n)
         return field(payload, "values", np.float32, (n,), self.name).copy()
 
+    def decode_shared(self, payload: Payload, n: int) -> np.ndarray:
+        """The payload's own array, validated: identity needs no copy when nobody mutates it."""
+        return field(payload, "values", np.float32, (n,), self.name)
+
     def compressed_nbytes(self, n: int) -> int:
         return 4 * check_length(n)
 

@@ -18,6 +18,7 @@ from .base import (
     as_input,
     check_length,
     check_seed,
+    expand_packed,
     field,
     real_param,
     scratch,
@@ -62,14 +63,7 @@ def pack_codes(x: np.ndarray, fill: Fill, out: np.ndarray, start: int) -> None:
 
 def unpack_codes(codes: np.ndarray, v: np.floating, n: int) -> np.ndarray:
     """Expand packed codes to a fresh float32 array: 0 → 0, 1 → +v, 2 → -v."""
-    values = np.array([0.0, v, -v, 0.0], np.float32)
-    lut = values[_CODES]
-    out = np.empty(n, np.float32)
-    full = n >> 2
-    np.take(lut, codes[:full], axis=0, out=out[: full * 4].reshape(full, 4), mode="wrap")
-    if n & 3:
-        out[full * 4 :] = lut[codes[full], : n & 3]
-    return out
+    return expand_packed(np.array([0.0, v, -v, 0.0], np.float32)[_CODES], codes, n)
 
 
 def _max_abs(x: np.ndarray) -> float:
