@@ -150,7 +150,10 @@ class RayEngine:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:  # best effort; explicit close() or `with` is the contract
+    def __del__(self) -> None:
+        """Best effort for a forgotten engine that joined a running Ray: free its actors.  An engine that
+        started Ray does not stop it from a finalizer (unsafe at interpreter exit; Ray goes with the
+        process anyway).  ``close()`` or ``with`` is the contract."""
         try:
             if not self._closed and ray.is_initialized() and not self._owns_ray:
                 self.close()
