@@ -79,6 +79,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(format_table(["codec", "encode a (us)", "encode GB/s", "decode GB/s"], rows))
     print(f"merge: {result.merge.b * 1e9:.3f} ns/element; actor transfer: alpha {result.transfer_alpha_s * 1e3:.2f} ms, "
           f"beta {result.transfer_beta_bps / 1e9:.2f} GB/s; task overhead {result.task_overhead_s * 1e3:.3f} ms")
+    if args.calibrate_ray:
+        from .calibrate import calibrate_ray
+
+        result = calibrate_ray(profile=result, progress=not args.no_progress)
+        rt = result.runtime
+        print(f"Ray runtime: ops x{rt.compute_scale:.2f} in loaded actors, {rt.task_gap_s * 1e3:.2f} ms per fused task, "
+              f"hop {rt.hop.a * 1e3:.2f} ms + {rt.hop.b * 1e9:.3f} ns/byte")
     result.save(args.out)
     print(f"wrote {args.out}")
     return 0
@@ -192,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", default="profile.json")
     pr.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, not minutes)")
     pr.add_argument("--no-transfer", action="store_true", help="skip the Ray actor transfer measurement")
+    pr.add_argument("--calibrate-ray", action="store_true",
+                    help="also run calibration plans on RayEngine and fit the runtime's costs (what simulate "
+                         "needs to predict RayEngine on this machine)")
     pr.add_argument("--no-progress", action="store_true")
     pr.set_defaults(func=cmd_profile)
 

@@ -1,8 +1,10 @@
 """The cost model the simulator and planner share: measured op costs (``Profile``) and a cluster (``ClusterModel``).
 
-Compute ops cost ``a + b*n`` seconds for ``n`` float32 elements (fitted per codec by ``casync.profile``);
-a payload of ``B`` bytes costs ``alpha + B/beta`` to move: beta from the Ray object store when both actors
-share a node, from the NIC bandwidth when they do not.
+Compute ops cost ``a + b*n`` seconds for ``n`` float32 elements (fitted per codec by ``casync.profile``).
+A payload of ``B`` bytes between two actors of one node costs ``alpha + B/beta`` of object-store copy;
+between nodes it occupies the sender's and receiver's NICs for ``B / bandwidth`` and arrives the cluster's
+one-way ``latency_us`` later.  A profile calibrated on the Ray engine (``RuntimeCosts``) adds what the
+runtime itself costs: slower ops inside loaded actors, a gap per fused task, and a per-hop latency.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no runtime section
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,55 @@ class LinearCost:
         return self.a + self.b * n
 
 
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What executing on Ray adds to the ops' own cost, fitted from measured timelines (``casync.calibrate``).
+
+    ``compute_scale``: op time inside a loaded actor / profiled op time.  ``task_gap_s``: idle time between
+    two fused tasks of one actor whose inputs were ready.  ``hop``: seconds from a payload's production to
+    the receiving task's start, ``a + b * bytes`` (within a node; across nodes ``a`` plus the link).
+    """
+
+    compute_scale: float
+    task_gap_s: float
+    hop: LinearCost
+    op_scale: dict[str, float] = field(default_factory=dict)  # "encode:onebit", "decode:topk", "merge" -> scale
+    samples: dict[str, int] = field(default_factory=dict, compare=False)
+
+    def scale(self, op: str, codec_key: str = "") -> float:
+        """The scale fitted for this op and codec, else the overall one."""
+        key = f"{op}:{codec_key.split('(', 1)[0]}" if codec_key else op
+        return self.op_scale.get(key, self.compute_scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,
+                "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "samples": dict(self.samples)}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: 'runtime' must be an object, got {type(data).__name__}")
+        for key in ("compute_scale", "task_gap_s", "hop"):
+            if key not in data:
+                raise ValueError(f"{source}: runtime is missing {key!r}")
+        scale, gap, hop = data["compute_scale"], data["task_gap_s"], data["hop"]
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(f"{source}: runtime.compute_scale must be a positive number, got {scale!r}")
+        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap < 0:
+            raise ValueError(f"{source}: runtime.task_gap_s must be a non-negative number, got {gap!r}")
+        if (not isinstance(hop, (list, tuple)) or len(hop) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in hop)):
+            raise ValueError(f"{source}: runtime.hop must be [a, b] with non-negative numbers, got {hop!r}")
+        op_scale = data.get("op_scale", {})
+        if not isinstance(op_scale, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                for k, v in op_scale.items()):
+            raise ValueError(f"{source}: runtime.op_scale must map op names to positive numbers, got {op_scale!r}")
+        samples = data.get("samples", {})
+        return cls(float(scale), float(gap), LinearCost(float(hop[0]), float(hop[1])),
+                   {k: float(v) for k, v in op_scale.items()}, dict(samples) if isinstance(samples, dict) else {})
+
+
 @dataclass
 class Profile:
     """Op costs measured on one machine: per codec encode / decode (and encode with error feedback),
@@ -37,6 +89,7 @@ class Profile:
     transfer_beta_bps: float  # bytes per second between two actors on one node
     task_overhead_s: float
     machine: dict[str, Any] = field(default_factory=dict)
+    runtime: RuntimeCosts | None = None  # None: ideal runtime (ops at profiled speed, no per-hop latency)
 
     # -- costs -----------------------------------------------------------------
     def _codec_entry(self, codec_key: str) -> dict[str, LinearCost]:
@@ -48,25 +101,54 @@ class Profile:
                 return entry
         raise KeyError(f"profile has no costs for codec {codec_key!r}; profiled: {sorted(self.codecs)}")
 
-    def encode_s(self, codec_key: str, n: int, error_feedback: bool = False) -> float:
+    def _scale(self, runtime: bool, op: str, codec_key: str = "") -> float:
+        return self.runtime.scale(op, codec_key) if runtime and self.runtime is not None else 1.0
+
+    def encode_s(self, codec_key: str, n: int, error_feedback: bool = False, runtime: bool = True) -> float:
+        """Encode cost; ``runtime=False`` gives the micro-benchmark cost without the runtime's scale."""
         entry = self._codec_entry(codec_key)
-        return entry["encode_ef" if error_feedback and "encode_ef" in entry else "encode"](n)
+        cost = entry["encode_ef" if error_feedback and "encode_ef" in entry else "encode"](n)
+        return cost * self._scale(runtime, "encode", codec_key)
 
-    def decode_s(self, codec_key: str, n: int) -> float:
-        return self._codec_entry(codec_key)["decode"](n)
+    def decode_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
+        return self._codec_entry(codec_key)["decode"](n) * self._scale(runtime, "decode", codec_key)
 
-    def merge_s(self, n: int, inputs: int) -> float:
-        return self.merge(n * inputs)
+    def merge_s(self, n: int, inputs: int, runtime: bool = True) -> float:
+        return self.merge(n * inputs) * self._scale(runtime, "merge")
 
-    def local_transfer_s(self, nbytes: int) -> float:
-        return self.transfer_alpha_s + nbytes / self.transfer_beta_bps
+    @property
+    def task_cost_s(self) -> float:
+        """Charged once per fused task (same actor, bucket and hop round) on the actor's lane."""
+        return self.runtime.task_gap_s if self.runtime is not None else self.task_overhead_s
+
+    def store_s(self, nbytes: int) -> float:
+        """CPU seconds the sending actor spends copying a payload into the object store (calibrated runtime
+        only; the ideal runtime charges the copy to the link instead)."""
+        return nbytes / self.transfer_beta_bps if self.runtime is not None else 0.0
+
+    def link_s(self, nbytes: int, same_node: bool, cluster: "ClusterModel") -> tuple[float, float]:
+        """``(occupancy, delay)`` of moving a stored payload of ``nbytes``: seconds the sender's egress and the
+        receiver's ingress are busy, then seconds until the receiving task can use it."""
+        hop = self.runtime.hop(nbytes) if self.runtime is not None else 0.0
+        if same_node:
+            if self.runtime is not None:
+                return 0.0, hop
+            return self.transfer_alpha_s + nbytes / self.transfer_beta_bps, 0.0
+        return nbytes / cluster.bytes_per_s, cluster.latency_us * 1e-6 + hop
+
+    def with_runtime(self, runtime: RuntimeCosts | None) -> "Profile":
+        """A copy of this profile carrying ``runtime`` (``None``: back to the ideal runtime)."""
+        from dataclasses import replace
+
+        return replace(self, runtime=runtime)
 
     # -- files -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"version": PROFILE_VERSION, "machine": self.machine,
                 "codecs": {k: {op: [c.a, c.b] for op, c in ops.items()} for k, ops in self.codecs.items()},
                 "merge": [self.merge.a, self.merge.b], "transfer_alpha_s": self.transfer_alpha_s,
-                "transfer_beta_bps": self.transfer_beta_bps, "task_overhead_s": self.task_overhead_s}
+                "transfer_beta_bps": self.transfer_beta_bps, "task_overhead_s": self.task_overhead_s,
+                **({"runtime": self.runtime.to_dict()} if self.runtime is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "profile") -> "Profile":
@@ -78,9 +160,9 @@ class Profile:
 
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        if data.get("version") != PROFILE_VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"{source}: unsupported profile version {data.get('version')!r} "
-                             f"(expected {PROFILE_VERSION})")
+                             f"(this casync reads versions {', '.join(map(str, READABLE_VERSIONS))})")
         for key in ("codecs", "merge", "transfer_alpha_s", "transfer_beta_bps", "task_overhead_s"):
             if key not in data:
                 raise ValueError(f"{source}: missing {key!r}")
@@ -98,7 +180,8 @@ class Profile:
         return cls(codecs=codecs, merge=cost(data["merge"], "merge"),
                    transfer_alpha_s=float(data["transfer_alpha_s"]),
                    transfer_beta_bps=float(data["transfer_beta_bps"]),
-                   task_overhead_s=float(data["task_overhead_s"]), machine=dict(data.get("machine", {})))
+                   task_overhead_s=float(data["task_overhead_s"]), machine=dict(data.get("machine", {})),
+                   runtime=RuntimeCosts.from_dict(data["runtime"], source) if data.get("runtime") is not None else None)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

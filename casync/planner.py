@@ -176,7 +176,7 @@ class Estimator:
         self.profile = profile
         self.error_feedback = error_feedback
         self.two_way = two_way
-        self.o = profile.task_overhead_s
+        self.o = profile.task_cost_s
         self.node = np.array([cluster.node_of(f"worker:{w}") for w in range(workers)])
         self.nodes = int(self.node.max()) + 1 if workers else 1
         self.cores = cluster.cores_per_node
@@ -189,10 +189,10 @@ class Estimator:
     def _links(self, src: np.ndarray, dst: np.ndarray, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
         """Transfer seconds and extra latency of sends ``src[i] -> dst[i]`` of ``nbytes`` each."""
         same = self.node[src] == self.node[dst]
-        local = self.profile.local_transfer_s(nbytes)
-        remote = self.profile.transfer_alpha_s + nbytes / self.cluster.bytes_per_s
-        x = np.where(same, local, remote)
-        lat = np.where(same, 0.0, self.cluster.latency_us * 1e-6)
+        local = self.profile.link_s(nbytes, True, self.cluster)
+        remote = self.profile.link_s(nbytes, False, self.cluster)
+        x = np.where(same, local[0], remote[0])
+        lat = np.where(same, local[1], remote[1])
         return x, lat
 
     def _enc(self, codec: Codec, n: int) -> float:

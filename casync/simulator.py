@@ -1,11 +1,12 @@
 """Timeline simulator: the plan's graph timed by the cost model instead of executed.
 
 Discrete-event list scheduling: every compute op occupies one of its actor's compute lanes; a send
-occupies the sender's NIC egress and the receiver's ingress for ``alpha + bytes/beta`` (NIC bandwidth
-between nodes, the object store within a node) and its recv completes one link latency later.  Ops start
-when their inputs are ready and a lane is free; ready ops go in order of readiness, then bucket priority.
-The first op of each fused task (same actor, bucket and hop round, as the Ray engine fuses them) also
-pays the profile's per-call overhead.
+occupies the sender's egress and the receiver's ingress for as long as the link needs
+(``Profile.link_s``: bytes over the NIC bandwidth between nodes, the object-store copy within one) and its
+recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
+when the profile is calibrated on Ray).  Ops start when their inputs are ready and a lane is free; ready
+ops go in order of readiness, then bucket priority.  The first op of each fused task (same actor, bucket
+and hop round, as the Ray engine fuses them) also pays the profile's per-task cost.
 """
 from __future__ import annotations
 
@@ -95,6 +96,16 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     end: dict[str, float] = {}
     begin: dict[str, float] = {}
     link_bytes: dict[tuple[str, str], int] = defaultdict(int)
+    delay: dict[str, float] = {}  # recv node -> seconds its payload takes to become usable after the link
+
+    def compute_lanes(actor: str) -> list[str]:
+        """The actor's least busy compute lane, plus one of its node's shared cores when cores are modelled."""
+        lanes = [min((f"{actor}/compute{i}" for i in range(cluster.compute_lanes)), key=lambda lane: lane_free[lane])]
+        if cluster.cores_per_node:
+            cores = (f"node{node_of[actor]}/core{i}" for i in range(cluster.cores_per_node))
+            lanes.append(min(cores, key=lambda lane: lane_free[lane]))
+        return lanes
+
     while heap:
         t_ready, _, _, n = heapq.heappop(heap)
         a = graph.nodes[n]
@@ -102,38 +113,47 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
         preds = list(graph.predecessors(n))
         rounds[n] = max((rounds[p] + (graph.nodes[p]["op"] == "send") for p in preds), default=0)
         start, lanes, duration = t_ready, [], 0.0
+        wire = 0.0
         if op == "send":
             (recv,) = graph.successors(n)
             peer = a["peer"]
-            lanes = [f"{actor}/egress", f"{graph.nodes[recv]['actor']}/ingress"]
-            if node_of[actor] == node_of[peer]:
-                duration = profile.local_transfer_s(a["nbytes"])
-            else:
-                duration = profile.transfer_alpha_s + a["nbytes"] / cluster.bytes_per_s
+            same = node_of[actor] == node_of[peer]
+            wire, delay[recv] = profile.link_s(a["nbytes"], same, cluster)
+            duration = profile.store_s(a["nbytes"])
+            nic = [f"{actor}/egress", f"{graph.nodes[recv]['actor']}/ingress"]
+            if duration > 0:  # the sender's copy into the object store, then the wire
+                lanes = compute_lanes(actor)
+            elif wire > 0:
+                lanes, duration, wire = nic, wire, 0.0
+            if not same:
                 link_bytes[(actor, peer)] += a["nbytes"]
         elif op in ("encode", "decode", "merge"):
-            compute = [f"{actor}/compute{i}" for i in range(cluster.compute_lanes)]
-            lanes = [min(compute, key=lambda lane: lane_free[lane])]
-            if cluster.cores_per_node:  # the actor's lane and one of its node's shared cores
-                cores = [f"node{node_of[actor]}/core{i}" for i in range(cluster.cores_per_node)]
-                lanes.append(min(cores, key=lambda lane: lane_free[lane]))
+            lanes = compute_lanes(actor)
             duration = _op_cost(a, profile, len(preds))
             key = (actor, a["tensor"], rounds[n])
             if key not in task_seen:
                 task_seen.add(key)
-                duration += profile.task_overhead_s
+                duration += profile.task_cost_s
         lane_ready = max((lane_free[lane] for lane in lanes), default=0.0)
         if lane_ready > start:  # waited for a lane: the op that held it is on the critical path
             start = lane_ready
             cause[n] = lane_last.get(max(lanes, key=lambda lane: lane_free[lane]))
         finish = start + duration
         if op == "recv":
-            finish += cluster.latency_us * 1e-6 if node_of[actor] != node_of[a["peer"]] else 0.0
+            finish += delay.pop(n, 0.0)
         end[n] = finish
         begin[n] = start
         for lane in lanes:
             lane_free[lane] = finish
             lane_last[lane] = n
+        if wire > 0:  # the payload crosses the NICs once stored; the recv waits for the wire to finish
+            wire_start = max([finish] + [lane_free[lane] for lane in nic])
+            for lane in nic:
+                lane_free[lane] = wire_start + wire
+                lane_last[lane] = n
+            delay[recv] += wire_start + wire - finish
+            records.append(dict(op="wire", actor=actor, tensor=a["tensor"], part=a["part"], start=wire_start,
+                                end=wire_start + wire, nbytes=a["nbytes"], node=n, lane=nic[0]))
         if op != "recv":
             records.append(dict(op=op, actor=actor, tensor=a["tensor"], part=a["part"], start=start, end=finish,
                                 nbytes=a["nbytes"], node=n, lane=lanes[0] if lanes else actor))

@@ -1,0 +1,211 @@
+"""Fit how the Ray runtime stretches an iteration beyond its ops' own cost, from RayEngine's measured timelines.
+
+Micro-benchmarks (``casync.profile``) time each op alone, warm, best of several runs.  Inside a loaded
+``RayEngine`` three more things cost time, and the simulator needs them to predict a measured sync:
+
+* **compute scale** — ops run slower in an actor than alone (cold buffers, payloads read from the object
+  store, other actors and Ray's own processes on the same cores): measured op time / profiled op time;
+* **task gap** — the idle time between two fused tasks of one actor whose inputs were already there
+  (dispatch by the owner, argument resolution, storing the previous task's returns);
+* **hop latency** — from the moment a task produced a payload to the moment the receiving actor's task
+  starts, when that actor was idle, less the sender's copy into the object store (which the simulator
+  charges to the sender's CPU): ``a + b * bytes`` (the owner learns the return is stored and pushes the
+  consumer's task).
+
+``fit_runtime`` reads those from the records of ``RayEngine.timeline()`` and the engine's fused program;
+:class:`casync.costmodel.RuntimeCosts` carries them in a :class:`~casync.costmodel.Profile`.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .costmodel import LinearCost, Profile, RuntimeCosts
+from .plan import SyncPlan
+from .runtime.program import Program, compile_program
+
+COMPUTE_OPS = ("encode", "decode", "merge")
+
+
+@dataclass
+class TaskSpan:
+    """One fused task as it ran: when, on which actor, and when the tasks producing its remote inputs ended."""
+
+    actor: str
+    start: float
+    end: float
+    input_ready: float | None  # latest end of the tasks sending it payloads from other actors (None: none)
+    input_bytes: int
+
+
+def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpan]:
+    """Reassemble fused tasks from one step's per-op records (``RayEngine.timeline(step)``).
+
+    A payload leaves its producer when the producer's whole task returns (Ray stores return values then),
+    so an input is ready at the end of the producing task, not of its send op.
+    """
+    by_node = {r["node"]: r for r in rows if r.get("node")}
+    bounds: dict[int, tuple[float, float]] = {}
+    for task in program.tasks:
+        recs = [by_node[n] for n in task.nodes if n in by_node]
+        if recs:  # a recv record starts at its payload's send; the task itself reached it at the record's end
+            bounds[task.id] = (min(r["end"] if r["op"] == "recv" else r["start"] for r in recs),
+                               max(r["end"] for r in recs))
+    spans = []
+    for task in program.tasks:
+        if task.id not in bounds:
+            continue
+        producers = [program.producer[u][0] for u in task.remote_inputs]
+        ready = [bounds[t][1] for t in producers if t in bounds]
+        nbytes = sum(by_node[u]["nbytes"] for u in task.remote_inputs if u in by_node)
+        spans.append(TaskSpan(task.actor, *bounds[task.id], max(ready) if ready else None, nbytes))
+    return spans
+
+
+def _predicted_op_s(attrs: dict[str, Any], profile: Profile, inputs: int) -> float:
+    op = attrs["op"]
+    if op == "encode":
+        return profile.encode_s(attrs["codec"], attrs["numel"], bool(attrs.get("ef")), runtime=False)
+    if op == "decode":
+        return profile.decode_s(attrs["codec"], attrs["numel"], runtime=False)
+    return profile.merge_s(attrs["numel"], inputs + (1 if attrs.get("local_input") else 0), runtime=False)
+
+
+def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
+                max_actors_per_core: float = 1.0, cores: int | None = None) -> RuntimeCosts:
+    """Fit :class:`RuntimeCosts` from measured runs: ``(plan, [rows of step 1, rows of step 2, ...])``.
+
+    Compute scale comes only from runs with at most ``max_actors_per_core`` actors per core (``cores``:
+    this machine's), where an op's wall time is its own and not time-sliced with another actor's — the
+    simulator models that sharing itself with ``ClusterModel.cores_per_node``.
+    """
+    totals: dict[str, list[float]] = {}  # scale key -> [measured s, profiled s]
+    gaps: list[float] = []
+    hops: list[tuple[int, float]] = []
+    for plan, steps in runs:
+        graph = plan.graph
+        program = compile_program(plan)
+        if cores is not None and len(plan.actors) > max_actors_per_core * cores:
+            continue  # time-sliced actors: op times and gaps include waiting for a core
+        for rows in steps:
+            for r in rows:
+                if r["op"] in COMPUTE_OPS and r.get("node") in graph:
+                    a = graph.nodes[r["node"]]
+                    key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
+                    total = totals.setdefault(key, [0.0, 0.0])
+                    total[0] += r["end"] - r["start"]
+                    total[1] += _predicted_op_s(a, profile, graph.in_degree(r["node"]))
+            by_actor: dict[str, list[TaskSpan]] = {}
+            for span in task_spans(program, rows):
+                by_actor.setdefault(span.actor, []).append(span)
+            for spans in by_actor.values():
+                spans.sort(key=lambda s: s.start)
+                for prev, cur in zip(spans, spans[1:]):
+                    if cur.input_ready is None or cur.input_ready < prev.start:  # inputs there well before: a pure gap
+                        gaps.append(cur.start - prev.end)
+                    elif cur.input_ready > prev.end:  # the actor sat idle waiting for this payload
+                        copy = cur.input_bytes / profile.transfer_beta_bps  # the sender's store copy: charged there
+                        hops.append((cur.input_bytes, cur.start - cur.input_ready - copy))
+    measured_s = sum(m for m, _ in totals.values())
+    predicted_s = sum(p for _, p in totals.values())
+    if predicted_s <= 0 or not gaps or len(hops) < 2:
+        raise ValueError(f"not enough measured data to fit the runtime (runs with at most {max_actors_per_core} "
+                         f"actors per core): {len(gaps)} task gaps, {len(hops)} hops, {predicted_s:.3g}s of "
+                         "profiled compute")
+    # a per-op scale only where the profiled time is large enough to be a ratio, not noise over nothing
+    op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
+    return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=max(0.0, statistics.median(gaps)),
+                        hop=_fit_hop(hops), op_scale=op_scale,
+                        samples={"gaps": len(gaps), "hops": len(hops), "ops": len(totals)})
+
+
+def _fit_hop(hops: list[tuple[int, float]]) -> LinearCost:
+    """Median delay per size decade, then a least-squares line through those medians (robust to stragglers)."""
+    sizes = np.array([b for b, _ in hops], float)
+    delays = np.array([d for _, d in hops], float)
+    bins = np.floor(np.log10(np.maximum(sizes, 1.0)) * 2) / 2  # half-decade bins
+    xs, ys = [], []
+    for b in np.unique(bins):
+        sel = bins == b
+        xs.append(float(np.median(sizes[sel])))
+        ys.append(float(np.median(delays[sel])))
+    if len(xs) == 1:
+        return LinearCost(max(0.0, ys[0]), 0.0)
+    b, a = np.polyfit(xs, ys, 1)
+    if a < 0:
+        a, b = 0.0, max(0.0, float(np.dot(xs, ys) / np.dot(xs, xs)))
+    return LinearCost(float(a), max(0.0, float(b)))
+
+
+#: (strategy, codec) pairs the default calibration runs: every op kind, small and large payloads.
+CALIBRATION_CONFIGS = (("ring", "none"), ("ring", "onebit"), ("allgather", "topk:ratio=0.01"), ("ps", "fp16"),
+                       ("ring", "terngrad"), ("ps", "onebit"), ("allgather", "randomk:ratio=0.01"))
+
+
+def calibration_tensors(count: int = 40, smallest: int = 20_000, largest: int = 3_000_000) -> list[tuple[str, tuple[int]]]:
+    """Synthetic gradients for calibration, log-spaced sizes: not any model that validation is run on."""
+    sizes = np.unique(np.round(np.geomspace(smallest, largest, count)).astype(int))
+    return [(f"t{i}", (int(n),)) for i, n in enumerate(sizes)]
+
+
+def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CALIBRATION_CONFIGS) -> list[SyncPlan]:
+    """The default calibration plans: ``configs`` over :func:`calibration_tensors` at ``workers`` workers
+    (at most the machine's cores, so op times are not time-sliced between actors)."""
+    from .build import build_plan
+
+    tensors = calibration_tensors()
+    return [build_plan(tensors, workers=workers, strategy=s, codec=c) for s, c in configs]
+
+
+def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0) -> list[list[dict[str, Any]]]:
+    """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: one warm-up, then ``iters``
+    steps; returns each step's timeline."""
+    from .compare import random_grads
+    from .inputs import flatten_worker_grads
+    from .runtime.ray_engine import RayEngine
+
+    flats, _ = flatten_worker_grads(plan, random_grads(plan))
+    with RayEngine(plan, timeout_s=timeout_s) as engine:
+        engine.run_flat(flats)
+        steps = []
+        for _ in range(iters):
+            engine.clear_timeline()
+            engine.run_flat(flats)
+            steps.append(engine.timeline())
+    return steps
+
+
+def sync_span(rows: Sequence[dict[str, Any]]) -> float:
+    """Measured sync time of one step: first op after the gradient load to the last op's end."""
+    return max(r["end"] for r in rows) - min(r["start"] for r in rows if r["op"] != "load")
+
+
+def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | None = None, iters: int = 5,
+                  progress: bool = False) -> Profile:
+    """Run each plan (default: :func:`calibration_plans`) on a :class:`casync.RayEngine` (embedded local Ray
+    unless one is up), fit the runtime costs and return ``profile`` (default: packaged) with them attached."""
+    from tqdm.auto import tqdm
+
+    import os
+
+    import ray
+
+    from .runtime.ray_engine import connect_ray
+
+    profile = profile or Profile.default()
+    plans = calibration_plans() if plans is None else list(plans)
+    started = connect_ray(None)
+    try:
+        runs = [(plan, measure_timelines(plan, iters)) for plan in tqdm(plans, desc="calibrating", disable=not progress)]
+    finally:
+        if started:
+            ray.shutdown()
+    runtime = fit_runtime(runs, profile, cores=os.cpu_count())
+    return profile.with_runtime(runtime)
+
+
+__all__ = ["CALIBRATION_CONFIGS", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
+           "fit_runtime", "measure_timelines", "sync_span", "task_spans"]
