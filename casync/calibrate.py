@@ -6,18 +6,23 @@ Micro-benchmarks (``casync.profile``) time each op alone, warm, best of several 
 * **compute scale** — ops run slower in an actor than alone (cold buffers, payloads read from the object
   store, other actors and Ray's own processes on the same cores): measured op time / profiled op time;
 * **task gap** — the idle time between two fused tasks of one actor whose inputs were already there
-  (dispatch by the owner, argument resolution, storing the previous task's returns);
+  (dispatch by the owner, argument resolution), less storing the previous task's returns (the
+  simulator charges that copy to the sending actor);
 * **hop latency** — from the moment a task produced a payload to the moment the receiving actor's task
   starts, when that actor was idle, less the sender's copy into the object store (which the simulator
   charges to the sender's CPU): ``a + b * bytes`` (the owner learns the return is stored and pushes the
-  consumer's task).
+  consumer's task);
+* **dispatch CPU** — CPU seconds the driver and Ray's own processes burn per task, taken from the cores
+  of the head node (it matters once actors outnumber cores).
 
 ``fit_runtime`` reads those from the records of ``RayEngine.timeline()`` and the engine's fused program;
 :class:`casync.costmodel.RuntimeCosts` carries them in a :class:`~casync.costmodel.Profile`.
 """
 from __future__ import annotations
 
+import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -39,6 +44,7 @@ class TaskSpan:
     end: float
     input_ready: float | None  # latest end of the tasks sending it payloads from other actors (None: none)
     input_bytes: int
+    output_bytes: int  # payloads it returns: stored in the object store after its last op
 
 
 def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpan]:
@@ -61,7 +67,8 @@ def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpa
         producers = [program.producer[u][0] for u in task.remote_inputs]
         ready = [bounds[t][1] for t in producers if t in bounds]
         nbytes = sum(by_node[u]["nbytes"] for u in task.remote_inputs if u in by_node)
-        spans.append(TaskSpan(task.actor, *bounds[task.id], max(ready) if ready else None, nbytes))
+        out_bytes = sum(by_node[u]["nbytes"] for u in task.outputs if u in by_node)
+        spans.append(TaskSpan(task.actor, *bounds[task.id], max(ready) if ready else None, nbytes, out_bytes))
     return spans
 
 
@@ -75,7 +82,7 @@ def _predicted_op_s(attrs: dict[str, Any], profile: Profile, inputs: int) -> flo
 
 
 def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
-                max_actors_per_core: float = 1.0, cores: int | None = None) -> RuntimeCosts:
+                max_actors_per_core: float = 1.0, cores: int | None = None, dispatch_s: float = 0.0) -> RuntimeCosts:
     """Fit :class:`RuntimeCosts` from measured runs: ``(plan, [rows of step 1, rows of step 2, ...])``.
 
     Compute scale comes only from runs with at most ``max_actors_per_core`` actors per core (``cores``:
@@ -105,7 +112,8 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                 spans.sort(key=lambda s: s.start)
                 for prev, cur in zip(spans, spans[1:]):
                     if cur.input_ready is None or cur.input_ready < prev.start:  # inputs there well before: a pure gap
-                        gaps.append(cur.start - prev.end)
+                        # less storing prev's returns, which the simulator charges to the sender as its copy
+                        gaps.append(cur.start - prev.end - prev.output_bytes / profile.transfer_beta_bps)
                     elif cur.input_ready > prev.end:  # the actor sat idle waiting for this payload
                         copy = cur.input_bytes / profile.transfer_beta_bps  # the sender's store copy: charged there
                         hops.append((cur.input_bytes, cur.start - cur.input_ready - copy))
@@ -118,7 +126,7 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
     # a per-op scale only where the profiled time is large enough to be a ratio, not noise over nothing
     op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
     return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=max(0.0, statistics.median(gaps)),
-                        hop=_fit_hop(hops), op_scale=op_scale,
+                        hop=_fit_hop(hops), op_scale=op_scale, dispatch_s=dispatch_s,
                         samples={"gaps": len(gaps), "hops": len(hops), "ops": len(totals)})
 
 
@@ -178,6 +186,64 @@ def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0) 
     return steps
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0 where unavailable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _ray_service_pids(exclude: set[int]) -> list[int]:
+    """Processes the driver started for an embedded Ray (raylet, GCS, ...), minus ``exclude`` (the actors)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [os.getpid()]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            stack.append(child)
+            if child not in exclude:
+                found.append(child)
+    return found
+
+
+def measure_dispatch(iters: int = 20, tensors: int = 48, workers: int = 2) -> float:
+    """CPU seconds the driver and Ray's own processes spend per fused task (Ray must be up, embedded).
+
+    Runs a plan of many tiny unbucketed tensors, so that payloads, loads and results cost next to nothing
+    and the driver's and raylet's CPU time is all task dispatch: submission, dependency resolution, replies.
+    """
+    import ray
+
+    from .build import build_plan
+    from .compare import random_grads
+    from .inputs import flatten_worker_grads
+    from .runtime.ray_engine import RayEngine
+
+    plan = build_plan([(f"tiny{i}", (256,)) for i in range(tensors)], workers=workers, strategy="ring",
+                      codec="onebit", bucket_bytes=1)
+    flats, _ = flatten_worker_grads(plan, random_grads(plan))
+    with RayEngine(plan, timeout_s=120) as engine:
+        actors = set(ray.get([a.pid.remote() for a in engine.actors.values()]))
+        engine.run_flat(flats)
+        services = _ray_service_pids(actors)
+        before = time.process_time() + sum(_cpu_seconds(p) for p in services)
+        for _ in range(iters):
+            engine.run_flat(flats)
+        after = time.process_time() + sum(_cpu_seconds(p) for p in services)
+        tasks = len(engine.program.tasks) + 2 * len(engine.actors)  # plus a load and a collect per actor
+    return max(0.0, (after - before) / (iters * tasks))
+
+
 def sync_span(rows: Sequence[dict[str, Any]]) -> float:
     """Measured sync time of one step: first op after the gradient load to the last op's end."""
     return max(r["end"] for r in rows) - min(r["start"] for r in rows if r["op"] != "load")
@@ -189,8 +255,6 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     unless one is up), fit the runtime costs and return ``profile`` (default: packaged) with them attached."""
     from tqdm.auto import tqdm
 
-    import os
-
     import ray
 
     from .runtime.ray_engine import connect_ray
@@ -200,12 +264,13 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     started = connect_ray(None)
     try:
         runs = [(plan, measure_timelines(plan, iters)) for plan in tqdm(plans, desc="calibrating", disable=not progress)]
+        dispatch = measure_dispatch()
     finally:
         if started:
             ray.shutdown()
-    runtime = fit_runtime(runs, profile, cores=os.cpu_count())
+    runtime = fit_runtime(runs, profile, cores=os.cpu_count(), dispatch_s=dispatch)
     return profile.with_runtime(runtime)
 
 
 __all__ = ["CALIBRATION_CONFIGS", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
-           "fit_runtime", "measure_timelines", "sync_span", "task_spans"]
+           "fit_runtime", "measure_dispatch", "measure_timelines", "sync_span", "task_spans"]

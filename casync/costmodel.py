@@ -42,6 +42,7 @@ class RuntimeCosts:
     task_gap_s: float
     hop: LinearCost
     op_scale: dict[str, float] = field(default_factory=dict)  # "encode:onebit", "decode:topk", "merge" -> scale
+    dispatch_s: float = 0.0  # driver + raylet CPU seconds per task, on the head node's cores
     samples: dict[str, int] = field(default_factory=dict, compare=False)
 
     def scale(self, op: str, codec_key: str = "") -> float:
@@ -51,7 +52,8 @@ class RuntimeCosts:
 
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,
-                "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "samples": dict(self.samples)}
+                "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
+                "samples": dict(self.samples)}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":
@@ -73,9 +75,13 @@ class RuntimeCosts:
                 isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                 for k, v in op_scale.items()):
             raise ValueError(f"{source}: runtime.op_scale must map op names to positive numbers, got {op_scale!r}")
+        dispatch = data.get("dispatch_s", 0.0)
+        if isinstance(dispatch, bool) or not isinstance(dispatch, (int, float)) or dispatch < 0:
+            raise ValueError(f"{source}: runtime.dispatch_s must be a non-negative number, got {dispatch!r}")
         samples = data.get("samples", {})
         return cls(float(scale), float(gap), LinearCost(float(hop[0]), float(hop[1])),
-                   {k: float(v) for k, v in op_scale.items()}, dict(samples) if isinstance(samples, dict) else {})
+                   {k: float(v) for k, v in op_scale.items()}, float(dispatch),
+                   dict(samples) if isinstance(samples, dict) else {})
 
 
 @dataclass
@@ -115,6 +121,11 @@ class Profile:
 
     def merge_s(self, n: int, inputs: int, runtime: bool = True) -> float:
         return self.merge(n * inputs) * self._scale(runtime, "merge")
+
+    @property
+    def dispatch_s(self) -> float:
+        """CPU seconds the driver and raylet spend per fused task, on the head node's cores (calibrated only)."""
+        return self.runtime.dispatch_s if self.runtime is not None else 0.0
 
     @property
     def task_cost_s(self) -> float:

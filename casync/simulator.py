@@ -134,6 +134,10 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
             if key not in task_seen:
                 task_seen.add(key)
                 duration += profile.task_cost_s
+                dispatch = profile.dispatch_s
+                if dispatch and cluster.cores_per_node:  # the driver and raylet's CPU for this task, on the head node
+                    core = min((f"node0/core{i}" for i in range(cluster.cores_per_node)), key=lambda l: lane_free[l])
+                    lane_free[core] = max(lane_free[core], t_ready) + dispatch
         lane_ready = max((lane_free[lane] for lane in lanes), default=0.0)
         if lane_ready > start:  # waited for a lane: the op that held it is on the critical path
             start = lane_ready

@@ -7,7 +7,7 @@ import math
 import pytest
 
 import casync
-from casync.calibrate import fit_runtime, measure_timelines, sync_span, task_spans
+from casync.calibrate import fit_runtime, measure_dispatch, measure_timelines, sync_span, task_spans
 from casync.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
 from casync.runtime.program import compile_program
 from casync.simulator import simulate
@@ -35,6 +35,7 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [1]}, "hop"),
     ({"compute_scale": 1, "task_gap_s": 0}, "hop"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "op_scale": {"merge": "x"}}, "op_scale"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "dispatch_s": -1}, "dispatch_s"),
 ])
 def test_malformed_runtime_is_rejected(runtime, match):
     data = Profile.default().to_dict()
@@ -95,5 +96,7 @@ def test_fit_runtime_reads_measured_timelines(ray_local):
     predicted = simulate(plans[0], ClusterModel(nodes=1, workers_per_node=2, cores_per_node=2),
                          Profile.default().with_runtime(runtime)).sync_time()
     assert predicted > simulate(plans[0], ClusterModel(nodes=1, workers_per_node=2, cores_per_node=2)).sync_time()
+    dispatch = measure_dispatch(iters=3, tensors=8)
+    assert 0 < dispatch < 0.1  # CPU seconds per task of the driver and Ray's processes
     with pytest.raises(ValueError, match="not enough"):
         fit_runtime(runs, Profile.default(), cores=0)  # no run is uncontended on zero cores
