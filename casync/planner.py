@@ -65,8 +65,11 @@ DEFAULT_SIM_BUDGET_OPS = 100_000
 REFINE_MAX_OPS = 4_000
 #: Buckets up to this size whose compression never pays in isolation are reported as "small".
 SMALL_BYTES = 1 << 20
-#: Uniform plans are validated when estimated within this factor of the best so far, or when this cheap.
+#: Planner candidates are validated when estimated within this factor of the best so far, or when this cheap.
 VALIDATE_MARGIN = 1.3
+#: Fixed uniform plans are simulated unless estimated this much slower than the best so far: "auto" must not
+#: lose to a fixed choice, and the estimator can be 50% pessimistic (e.g. PS with a 1-bit codec).
+UNIFORM_VALIDATE_MARGIN = 2.0
 CHEAP_OPS = 5_000
 #: Options per bucket tried with the real simulator when refining (best estimated first).
 REFINE_OPTIONS = 8
@@ -953,7 +956,8 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
         seen.add(tuple(a))
         ref = min(x[0] for x in simulated) if simulated else best_est
         cheap = sum(b.costs[j].ops for b, j in zip(planner.buckets, a)) <= CHEAP_OPS
-        if est > VALIDATE_MARGIN * ref and not cheap:
+        margin = UNIFORM_VALIDATE_MARGIN if label.startswith("uniform") else VALIDATE_MARGIN
+        if est > margin * ref and not cheap:
             continue
         out = run(a)
         if out is not None:
