@@ -49,14 +49,15 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
 
 def run_merge(inputs: Sequence[np.ndarray], divisor: int) -> np.ndarray:
     """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide."""
-    if len(inputs) == 1:
-        acc = np.array(inputs[0], dtype=np.float32, copy=True)
-    else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, the same float32 sums
-        acc = np.add(inputs[0], inputs[1], dtype=np.float32)
-        for x in inputs[2:]:
-            np.add(acc, x, out=acc)
-    if divisor != 1:
-        np.divide(acc, np.float32(divisor), out=acc)
+    with np.errstate(invalid="ignore"):  # Inf + -Inf = NaN is what nonfinite="propagate" asks for
+        if len(inputs) == 1:
+            acc = np.array(inputs[0], dtype=np.float32, copy=True)
+        else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, same float32 sums
+            acc = np.add(inputs[0], inputs[1], dtype=np.float32)
+            for x in inputs[2:]:
+                np.add(acc, x, out=acc)
+        if divisor != 1:
+            np.divide(acc, np.float32(divisor), out=acc)
     return acc
 
 

@@ -215,7 +215,8 @@ def _read_buckets(r: _Reader, data: dict, specs: list[TensorSpec]) -> list[Bucke
             servers=r.field(item, "servers", where, (lambda v: v is None or _POS[0](v), "null or an int >= 1")),
             error_feedback=r.field(item, "error_feedback", where, _BOOL),
             note=r.field(item, "note", where, (lambda v: isinstance(v, str), "a string")),
-            extra=dict(item.get("extra") or {})))
+            extra=dict(r.field(item, "extra", where, (lambda v: isinstance(v, dict), "an object"))
+                       if "extra" in item else {})))
     missing = [s.name for s in specs if s.name not in placed]
     if missing:
         raise r.fail("buckets", f"tensor(s) {missing[:5]} are in no bucket")
@@ -279,6 +280,7 @@ def _read_graph(r: _Reader, data: dict, workers: int, buckets: list[Bucket], cod
     if not nx.is_directed_acyclic_graph(graph):
         raise r.fail("graph", "has a cycle")
     _check_structure(r, graph, workers, bounds, compact)
+    _check_codecs(r, graph, {b.name: b for b in buckets})
     return graph
 
 
@@ -332,10 +334,10 @@ def _check_structure(r: _Reader, graph: nx.DiGraph, workers: int, bounds: dict[s
         if a.get("output"):
             outputs[(a["actor"], a["tensor"], a["part"])] += 1
     twice = [k for k, c in ef_keys.items() if c > 1]
-    if twice:
+    if twice and not compact:  # a template reuses one worker's keys for its symmetric hops
         raise r.fail("graph", f"error-feedback key {twice[0]!r} is used by several encodes")
     owners = [f"worker:{w}" for w in range(1 if compact else workers)]
-    for tensor, parts in bounds.items():
+    for tensor, parts in ({} if compact else bounds).items():  # templates cover representative partitions only
         for actor in owners:
             for part in range(len(parts)):
                 count = outputs.get((actor, tensor, part), 0)
@@ -345,6 +347,26 @@ def _check_structure(r: _Reader, graph: nx.DiGraph, workers: int, bounds: dict[s
     stray = [k for k in outputs if k[0] not in owners]
     if stray:
         raise r.fail("graph", f"output node on {stray[0][0]}, which is not a worker of this plan")
+
+
+def _check_codecs(r: _Reader, graph: nx.DiGraph, buckets: dict[str, Bucket]) -> None:
+    """Every payload is decoded with the codec that encoded it; a bucket uses its own codec (and identity
+    for one-way PS pulls); error feedback is on exactly for the bucket codec's encodes when the bucket has it."""
+    for node, a in graph.nodes(data=True):
+        where = f"graph node {node!r}"
+        bucket = buckets[a["tensor"]]
+        if "codec" in a and a["codec"] not in (str(bucket.codec), "none"):
+            raise r.fail(f"{where}.codec", f"bucket {bucket.name!r} uses codec {str(bucket.codec)!r}, "
+                                           f"got {a['codec']!r}")
+        if a["op"] in ("send", "decode"):
+            (source,) = graph.predecessors(node)
+            if graph.nodes[source].get("codec") != a["codec"]:
+                raise r.fail(f"{where}.codec", f"{a['codec']!r} does not match the codec of its input {source!r}")
+        if a["op"] == "encode":
+            expected = bucket.uses_error_feedback and a["codec"] == str(bucket.codec)
+            if a["ef"] != expected:
+                raise r.fail(f"{where}.ef", f"expected {str(expected).lower()} for bucket {bucket.name!r} "
+                                            f"(codec {str(bucket.codec)!r}, error_feedback={bucket.error_feedback})")
 
 
 def plan_from_dict(data: Any, source: str = "plan") -> SyncPlan:
