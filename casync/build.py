@@ -76,6 +76,7 @@ def build_plan(
     cluster: Any = None,
     profile: Any = None,
     ready_times: Any = None,
+    nonfinite: str = "raise",
 ) -> SyncPlan:
     """Build the sync plan of ``tensors`` across ``workers`` with one strategy and codec for every bucket.
 
@@ -86,7 +87,14 @@ def build_plan(
     ``partitions="auto"`` let the planner (:func:`casync.planner.choose_plan`) choose per bucket, for
     ``cluster`` (a :class:`~casync.costmodel.ClusterModel`), ``profile`` and ``ready_times`` (tensor ->
     second its gradient is ready); fixed choices ignore those three.
+
+    ``nonfinite``: what engines do when a gradient holds NaN/Inf — ``"raise"`` a
+    :class:`~casync.errors.NonFiniteGradientError`, ``"skip"`` the step on every worker, or ``"propagate"``
+    the values to every worker's result (see :mod:`casync.nonfinite`).
     """
+    from .nonfinite import check_mode
+
+    check_mode(nonfinite)
     if strategy == "auto" or isinstance(strategy, (list, tuple)) or (isinstance(codec, str) and codec == "auto") \
             or isinstance(codec, list) or (isinstance(partitions, str) and partitions == "auto"):
         if servers is not None:
@@ -97,7 +105,7 @@ def build_plan(
         options = dict(workers=workers, strategy=strategy if isinstance(strategy, str) else list(strategy),
                        codec=codec if isinstance(codec, str) and codec == "auto" else
                        [get_codec(c).spec() for c in codec] if isinstance(codec, list) else get_codec(codec).spec(),
-                       partitions=partitions, servers=None)
+                       partitions=partitions, servers=None, nonfinite=nonfinite)
         return choose_plan(tensors, workers, cluster, profile,
                            strategies=strategy if strategy == "auto" or isinstance(strategy, (list, tuple))
                            else (strategy,), codecs=codec, partitions=partitions, ready_times=ready_times,
@@ -125,7 +133,7 @@ def build_plan(
                           servers=servers)
     options = dict(workers=workers, strategy=strategy, codec=codec_obj.spec(), servers=servers,
                    partitions=partitions, two_way=two_way, error_feedback=error_feedback, op=op,
-                   bucket_bytes=bucket_bytes, seed=seed)
+                   bucket_bytes=bucket_bytes, seed=seed, nonfinite=nonfinite)
     return assemble_plan(specs, workers, groups, [choice] * len(groups), error_feedback=error_feedback, op=op,
                          options=options)
 

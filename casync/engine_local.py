@@ -9,8 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from .errors import NonFiniteGradientError
 from .inputs import flatten_worker_grads, unflatten_results
 from .kernels import run_node
+from .nonfinite import SyncOutput, layouts, scan_worker
 from .plan import SyncPlan
 from .state import EngineState
 
@@ -26,6 +28,7 @@ class LocalEngine:
         self.state = EngineState.empty(plan)
         self._order = plan.topological_order()
         self._bounds = {b.name: b.partitions for b in plan.buckets}
+        self._layouts = layouts(plan)
         self._inputs = {n: [u for u, _, _ in sorted(plan.graph.in_edges(n, data="slot"), key=lambda e: e[2])]
                         for n in self._order}
 
@@ -33,15 +36,28 @@ class LocalEngine:
     def step(self) -> int:
         return self.state.step
 
-    def sync(self, grads: Any) -> list[dict[str, Any]]:
-        """Synchronize one iteration: ``grads[w][name]`` -> ``out[w][name]`` (mean or sum over workers)."""
+    def sync(self, grads: Any) -> SyncOutput:
+        """Synchronize one iteration: ``grads[w][name]`` -> ``out[w][name]`` (mean or sum over workers).
+
+        NaN/Inf in a gradient are handled as the plan's ``nonfinite`` option says (see
+        :mod:`casync.nonfinite`); ``out.skipped`` and ``out.nonfinite`` tell what happened.
+        """
         flats, torch_flags = flatten_worker_grads(self.plan, grads)
         results = self.run_flat(flats)
-        return unflatten_results(self.plan, results, torch_flags)
+        return SyncOutput(unflatten_results(self.plan, results, torch_flags), results.skipped, results.nonfinite)
 
-    def run_flat(self, flats: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    def run_flat(self, flats: list[dict[str, np.ndarray]]) -> SyncOutput:
         """The engine proper, on per-worker flat bucket buffers (already validated)."""
         plan, graph = self.plan, self.plan.graph
+        scans = [scan_worker(self._layouts, w, flats[w]) for w in range(plan.workers)]
+        reports = [r for found, _ in scans for r in found]
+        if reports and plan.nonfinite == "raise":
+            raise NonFiniteGradientError(reports)
+        if reports and plan.nonfinite == "skip":  # zero update, residuals as they were, the step still counts
+            self.state = EngineState(step=self.state.step + 1, residuals=self.state.residuals)
+            zeros = [{b.name: np.zeros(b.numel, np.float32) for b in plan.buckets} for _ in range(plan.workers)]
+            return SyncOutput(zeros, skipped=True, nonfinite=reports)
+        flagged = {f"worker:{w}": parts for w, (_, parts) in enumerate(scans)}
         residuals = dict(self.state.residuals)  # encode never mutates a residual in place: commit on success
         values: dict[str, Any] = {}
         remaining = {n: graph.out_degree(n) for n in self._order}
@@ -54,7 +70,7 @@ class LocalEngine:
                 local = flats[int(a["actor"].split(":")[1])][a["tensor"]][start:stop]
             inputs = [values[u] for u in self._inputs[node]]
             result = run_node(a, inputs, local, codecs=plan.codecs, residuals=residuals,
-                              plan_seed=plan.seed, step=self.state.step)
+                              plan_seed=plan.seed, step=self.state.step, flagged=flagged.setdefault(a["actor"], set()))
             for u in self._inputs[node]:  # free intermediates as soon as their consumers ran
                 remaining[u] -= 1
                 if remaining[u] == 0:
@@ -65,7 +81,7 @@ class LocalEngine:
             if remaining[node]:
                 values[node] = result
         self.state = EngineState(step=self.state.step + 1, residuals=residuals)
-        return out
+        return SyncOutput(out, nonfinite=reports)
 
     def state_dict(self) -> dict[str, Any]:
         """Error-feedback residuals and the step counter (copies; safe to keep)."""

@@ -1,4 +1,7 @@
-"""Typed failures of the engines; input mistakes raise plain ``TypeError`` / ``ValueError``."""
+"""Typed failures of the engines; input mistakes raise plain ``TypeError`` / ``ValueError`` (or subclasses)."""
+from __future__ import annotations
+
+from typing import Any
 
 
 class SyncError(RuntimeError):
@@ -15,3 +18,25 @@ class SyncTimeoutError(SyncError, TimeoutError):
 
 class ReplicaMismatchError(SyncError):
     """Workers that must hold bit-identical values do not."""
+
+
+class NonFiniteGradientError(SyncError, ValueError):
+    """A worker's gradient holds NaN or Inf and the plan's ``nonfinite`` mode is ``"raise"``.
+
+    ``reports`` lists every offending (worker, tensor) with its NaN and Inf counts.  Nothing was
+    synchronized: the engine's step and error-feedback state are as before the call, and it stays usable.
+    """
+
+    def __init__(self, reports: list[Any]):
+        self.reports = list(reports)
+        shown = "; ".join(str(r) for r in self.reports[:5])
+        more = f"; and {len(self.reports) - 5} more" if len(self.reports) > 5 else ""
+        super().__init__(f"non-finite gradient values: {shown}{more} (build_plan(nonfinite='skip') skips such "
+                         "steps on every worker, 'propagate' passes NaN/Inf through)")
+
+    def __reduce__(self):  # picklable across processes with its reports
+        return (type(self), (self.reports,))
+
+
+class PlanFormatError(ValueError):
+    """A plan file (or dict) is not a valid casync plan; the message names the field."""

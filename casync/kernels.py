@@ -6,11 +6,13 @@ the node's output goes out.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, MutableMapping, Sequence
+from typing import Any, Mapping, MutableMapping, MutableSet, Sequence
 
 import numpy as np
 
 from primitives.codecs import Codec, Payload
+
+from .nonfinite import attach, carries_nonfinite, restore, split_nonfinite
 
 
 def encode_seed(plan_seed: int, step: int, seed_key: int) -> int:
@@ -20,47 +22,70 @@ def encode_seed(plan_seed: int, step: int, seed_key: int) -> int:
 
 
 def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping[str, np.ndarray] | None,
-               ef_key: str | None) -> Payload:
-    """Encode ``x``; with error feedback, add the stored residual first and keep the new one."""
-    if ef_key is None or residuals is None:
-        return codec.encode(x, seed)
-    residual = residuals.get(ef_key)
-    corrected = x + residual if residual is not None else x.copy()
-    payload = codec.encode(corrected, seed)
-    np.subtract(corrected, codec.decode(payload, corrected.size), out=corrected)
-    residuals[ef_key] = corrected
-    return payload
+               ef_key: str | None, check: bool = False) -> Payload:
+    """Encode ``x``; with error feedback, add the stored residual first and keep the new one.
+
+    ``check``: ``x`` may hold NaN/Inf (see :mod:`casync.nonfinite`): those entries are encoded as zero and
+    ride along in the payload exactly; the residual is zero there.
+    """
+    ef = ef_key is not None and residuals is not None
+    residual = residuals.get(ef_key) if ef else None
+    corrected = x + residual if residual is not None else x
+    side = split_nonfinite(corrected) if check else None
+    if side is not None:
+        corrected = side[0]  # a fresh copy with the NaN/Inf zeroed
+    if not ef:
+        payload = codec.encode(corrected, seed)
+    else:
+        if corrected is x:
+            corrected = x.copy()
+        payload = codec.encode(corrected, seed)
+        np.subtract(corrected, codec.decode(payload, corrected.size), out=corrected)
+        if side is not None:
+            corrected[side[1]] = 0
+        residuals[ef_key] = corrected
+    return payload if side is None else attach(payload, side[1], side[2])
 
 
 def run_merge(inputs: Sequence[np.ndarray], divisor: int) -> np.ndarray:
     """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide."""
-    if len(inputs) == 1:
-        acc = np.array(inputs[0], dtype=np.float32, copy=True)
-    else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, the same float32 sums
-        acc = np.add(inputs[0], inputs[1], dtype=np.float32)
-        for x in inputs[2:]:
-            np.add(acc, x, out=acc)
-    if divisor != 1:
-        np.divide(acc, np.float32(divisor), out=acc)
+    with np.errstate(invalid="ignore"):  # Inf + -Inf = NaN is what nonfinite="propagate" asks for
+        if len(inputs) == 1:
+            acc = np.array(inputs[0], dtype=np.float32, copy=True)
+        else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, same float32 sums
+            acc = np.add(inputs[0], inputs[1], dtype=np.float32)
+            for x in inputs[2:]:
+                np.add(acc, x, out=acc)
+        if divisor != 1:
+            np.divide(acc, np.float32(divisor), out=acc)
     return acc
 
 
 def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray | None, *,
              codecs: Mapping[str, Codec], residuals: MutableMapping[str, np.ndarray] | None,
-             plan_seed: int, step: int) -> Any:
+             plan_seed: int, step: int, flagged: MutableSet[tuple[str, int]] | None = None) -> Any:
     """Execute one primitive.
 
     ``inputs`` are the outputs of the node's predecessors ordered by edge ``slot``; ``local`` is the
     actor's own gradient partition, used by nodes with ``local_input``.  send/recv pass payloads through:
-    moving them is the engine's job.
+    moving them is the engine's job.  ``flagged``: this actor's (bucket, partition) pairs that may hold
+    NaN/Inf in this step (its gradient scan, plus every payload it decoded that carried some); encodes of
+    those check their input, every other encode runs as if the data were finite.
     """
     op = attrs["op"]
     if op == "encode":
         x = local if attrs["local_input"] else inputs[0]
         seed = encode_seed(plan_seed, step, attrs["seed_key"])
-        return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None)
+        check = flagged is not None and (attrs["tensor"], attrs["part"]) in flagged
+        return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None,
+                          check)
     if op == "decode":  # no consumer mutates a decoded value; results are copied into fresh buffers
-        return codecs[attrs["codec"]].decode_shared(inputs[0], attrs["numel"])
+        payload = inputs[0]
+        if carries_nonfinite(payload):
+            if flagged is not None:
+                flagged.add((attrs["tensor"], attrs["part"]))
+            return restore(codecs[attrs["codec"]].decode(payload, attrs["numel"]), payload)
+        return codecs[attrs["codec"]].decode_shared(payload, attrs["numel"])
     if op == "merge":
         values = list(inputs)
         if attrs["local_input"]:

@@ -48,6 +48,11 @@ class SyncPlan:
         return int(self.options.get("seed", 0))
 
     @property
+    def nonfinite(self) -> str:
+        """What engines do with NaN/Inf gradients: ``"raise"`` (default), ``"skip"`` or ``"propagate"``."""
+        return self.options.get("nonfinite", "raise")
+
+    @property
     def actors(self) -> list[str]:
         """Every actor the plan uses: workers first, then dedicated servers."""
         names = {a for _, a in self.graph.nodes(data="actor")} | {f"worker:{w}" for w in range(self.workers)}
@@ -92,6 +97,41 @@ class SyncPlan:
         """A deterministic topological order: earlier-ready buckets first, then by node id."""
         attrs = self.graph.nodes
         return list(nx.lexicographical_topological_sort(self.graph, key=lambda n: (attrs[n]["priority"], n)))
+
+    # -- files -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data: format name and version, options, codec specs, tensors, buckets, graph."""
+        from .plan_io import plan_to_dict
+
+        return plan_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plan") -> "SyncPlan":
+        """Rebuild (and validate) a plan from :meth:`to_dict` output; ``PlanFormatError`` names a bad field."""
+        from .plan_io import plan_from_dict
+
+        return plan_from_dict(data, source)
+
+    def save(self, path: str) -> str:
+        """Write the plan as versioned JSON (never pickle); ``SyncPlan.load(path)`` reads it back."""
+        from .plan_io import save_plan
+
+        return str(save_plan(self, path))
+
+    @classmethod
+    def load(cls, path: str) -> "SyncPlan":
+        """Read a plan written by :meth:`save`, validating every field against the format."""
+        from .plan_io import load_plan
+
+        return load_plan(path)
+
+    def __eq__(self, other: object) -> bool:
+        """Plans are equal when they hold the same data (graph included), as a save/load round trip keeps."""
+        if not isinstance(other, SyncPlan):
+            return NotImplemented
+        return self is other or self.to_dict() == other.to_dict()
+
+    __hash__ = None  # mutable
 
     # -- views -------------------------------------------------------------
     def summary(self) -> str:

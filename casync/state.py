@@ -45,6 +45,8 @@ class EngineState:
             raise ValueError(f"state step must be a non-negative int, got {step!r}")
         if state.get("workers", plan.workers) != plan.workers:
             raise ValueError(f"state was saved with {state['workers']} workers, plan has {plan.workers}")
+        if not isinstance(state["residuals"], dict):
+            raise TypeError(f"state 'residuals' must be a dict key -> array, got {type(state['residuals']).__name__}")
         expected = residual_shapes(plan)
         residuals = {}
         for key, value in state["residuals"].items():
@@ -54,5 +56,7 @@ class EngineState:
             if array.dtype != np.float32 or array.shape != (expected[key],):
                 raise ValueError(f"residual {key!r}: expected float32 of shape ({expected[key]},), "
                                  f"got {array.dtype} {array.shape}")
+            if not np.isfinite(array).all():
+                raise ValueError(f"residual {key!r} holds NaN or Inf; error-feedback state must be finite")
             residuals[key] = array.copy()
         return cls(step=int(step), residuals=residuals)

@@ -8,6 +8,7 @@ import numpy as np
 import ray
 
 from ..kernels import run_node
+from ..nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from .program import FusedTask
 
 
@@ -33,18 +34,22 @@ class SyncActor:
 
     The driver submits every task of an iteration at once; payloads from other actors arrive as resolved
     ObjectRef arguments (NumPy arrays, zero-copy on one node).  Residuals updated during a step are
-    committed only by :meth:`collect`, so a failed iteration leaves the saved state untouched.
+    committed only by :meth:`collect`, so a failed iteration leaves the saved state untouched; with
+    ``keep_previous`` the state before the step is kept until the next load, so the driver can
+    :meth:`rollback` a step it voids after the fact (NaN/Inf found by an actor's own scan).
     """
 
     def __init__(self, name: str, tasks: list[FusedTask], codecs: dict, plan_seed: int,
-                 partitions: dict[str, list[tuple[int, int]]]):
+                 partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout] | None = None):
         _keep_freed_memory()
         self.name = name
         self.tasks = {t.id: t for t in tasks}
         self.codecs = codecs
         self.plan_seed = plan_seed
         self.partitions = partitions
+        self.layouts = layouts or []
         self.residuals: dict[str, np.ndarray] = {}
+        self.previous: dict[str, np.ndarray] | None = None
         self._reset_step()
 
     def _reset_step(self) -> None:
@@ -54,13 +59,27 @@ class SyncActor:
         self.kept_uses: dict[str, int] = {}
         self.results: dict[str, np.ndarray] = {}
         self.records: list[tuple] = []
+        self.flagged: set[tuple[str, int]] = set()
+        self.nonfinite: list[NonFiniteReport] = []
+        self.keep_previous = False
 
     # -- an iteration --------------------------------------------------------
-    def load(self, step: int, grads: dict[str, np.ndarray] | None) -> float:
-        """Receive this worker's flat bucket gradients for ``step`` (zero-copy views of the object store)."""
+    def load(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,
+             keep_previous: bool = False) -> float:
+        """Receive this worker's flat bucket gradients for ``step`` (zero-copy views of the object store).
+
+        ``flagged``: the (bucket, partition) pairs holding NaN/Inf as the driver's scan found them; None
+        when the driver has not seen the gradients (they came as an ObjectRef): then this actor scans.
+        """
         start = time.time()
         self._reset_step()
+        self.previous = None
         self.grads = grads or {}
+        if flagged is None and self.grads and self.name.startswith("worker:"):
+            self.nonfinite, self.flagged = scan_worker(self.layouts, int(self.name.split(":")[1]), self.grads)
+        else:
+            self.flagged = set(flagged or ())
+        self.keep_previous = keep_previous
         self.pending = dict(self.residuals)
         self.records.append(("load", "", -1, start, time.time(), sum(g.nbytes for g in self.grads.values()), ""))
         return start
@@ -82,7 +101,7 @@ class SyncActor:
                 local = self.grads[a["tensor"]][start:stop]
             t0 = time.time()
             result = run_node(a, [values[u] for u in s.inputs], local, codecs=self.codecs, residuals=self.pending,
-                              plan_seed=self.plan_seed, step=step)
+                              plan_seed=self.plan_seed, step=step, flagged=self.flagged)
             self.records.append((a["op"], a["tensor"], a["part"], t0, time.time(), a["nbytes"], s.node))
             values[s.node] = result
             if a.get("output"):
@@ -101,13 +120,21 @@ class SyncActor:
         start, stop = parts[part]
         buffer[start:stop] = value
 
-    def collect(self, step: int, *tokens: Any) -> tuple[dict[str, np.ndarray], list[tuple]]:
-        """After every task of the step (the tokens): commit residuals, hand back results and op records."""
+    def collect(self, step: int, *tokens: Any) -> tuple[dict[str, np.ndarray], list[tuple], list[NonFiniteReport]]:
+        """After every task of the step (the tokens): commit residuals, hand back results, op records and
+        what this actor's own gradient scan found."""
         if self.pending is not None:
+            if self.keep_previous:
+                self.previous = self.residuals
             self.residuals = self.pending
-        results, records = self.results, self.records
+        results, records, nonfinite = self.results, self.records, self.nonfinite
         self._reset_step()
-        return results, records
+        return results, records, nonfinite
+
+    def rollback(self) -> None:
+        """Undo the last collected step's residual updates (the driver voided that step)."""
+        if self.previous is not None:
+            self.residuals, self.previous = self.previous, None
 
     def discard(self) -> None:
         """Drop a half-finished step (after a failure elsewhere): residuals stay as last committed."""

@@ -19,8 +19,9 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..errors import NonFiniteGradientError, SyncError, SyncTimeoutError, WorkerLostError
 from ..inputs import flatten_worker_grads, unflatten_results
+from ..nonfinite import SyncOutput, layouts, scan_worker
 from ..plan import SyncPlan
 from ..state import EngineState
 from .program import compile_program
@@ -92,6 +93,7 @@ class RayEngine:
         self.plan = plan
         self.timeout_s = float(timeout_s)
         self.program = compile_program(plan)
+        self._layouts = layouts(plan)
         self.state = EngineState.empty(plan)
         self._records: list[dict[str, Any]] = []
         self._broken: str | None = None
@@ -122,7 +124,7 @@ class RayEngine:
             self.actors[name] = RemoteSyncActor.options(
                 num_cpus=cpus, scheduling_strategy=strategy, allow_out_of_order_execution=True, max_restarts=0,
                 max_task_retries=0,
-            ).remote(name, self.program.tasks_of(name), self.plan.codecs, self.plan.seed, partitions)
+            ).remote(name, self.program.tasks_of(name), self.plan.codecs, self.plan.seed, partitions, self._layouts)
         self._get([a.node_id.remote() for a in self.actors.values()], "starting actors")
 
     def close(self) -> None:
@@ -170,23 +172,39 @@ class RayEngine:
         names = list(self.actors)
         return dict(zip(names, self._get([self.actors[n].node_id.remote() for n in names], "querying nodes")))
 
-    def sync(self, grads: Any) -> list[dict[str, Any]]:
+    def sync(self, grads: Any) -> SyncOutput:
         """Synchronize one iteration; same input and output contract as ``LocalEngine.sync``."""
         flats, torch_flags = flatten_worker_grads(self.plan, grads)
         results = self.run_flat(flats)
-        return unflatten_results(self.plan, results, torch_flags)
+        return SyncOutput(unflatten_results(self.plan, results, torch_flags), results.skipped, results.nonfinite)
 
-    def run_flat(self, flats: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-        """Load per-worker flat buffers into the worker actors, run the iteration, return fresh results."""
+    def run_flat(self, flats: list[Any]) -> SyncOutput:
+        """Load per-worker flat buffers into the worker actors, run the iteration, return fresh results.
+
+        ``flats[w]`` is worker w's mapping bucket -> flat float32 buffer, or an ObjectRef of one (made by
+        another actor, e.g. one that computed the gradients: the driver never fetches it, and the sync actor
+        scans it for NaN/Inf itself).
+        """
         self._check_usable()
         step = self.state.step
+        mode = self.plan.nonfinite
+        reports, flagged = [], {}
+        for w, flat in enumerate(flats):
+            if isinstance(flat, dict):
+                found, flagged[w] = scan_worker(self._layouts, w, flat)
+                reports += found
+        if reports and mode != "propagate":  # decided before anything is submitted: the actors never see it
+            return self._void_step(reports)
+        remote_grads = len(flagged) < len(flats)
+        keep_previous = remote_grads and mode != "propagate"
         deadline = time.monotonic() + self.timeout_s
         workers = [f"worker:{w}" for w in range(self.plan.workers)]
-        loads = {name: self.actors[name].load.remote(step, flats[w] if w < len(flats) else None)
+        loads = {name: self.actors[name].load.remote(step, flats[w] if w < len(flats) else None,
+                                                     flagged.get(w, None if w < len(flats) else set()), keep_previous)
                  for w, name in enumerate(workers)}
         for name in self.actors:
             if name not in loads:
-                loads[name] = self.actors[name].load.remote(step, None)
+                loads[name] = self.actors[name].load.remote(step, None, set(), keep_previous)
         tokens: dict[str, list[Any]] = {name: [ref] for name, ref in loads.items()}
         outputs: dict[int, list[Any]] = {}
         task_token: dict[int, Any] = {}
@@ -203,6 +221,10 @@ class RayEngine:
         collected = self._get([self.actors[n].collect.remote(step, *tokens[n]) for n in names],
                               f"sync step {step}", deadline)
         self._record(step, dict(zip(names, collected)))
+        found = [r for c in collected for r in c[2]]
+        if found and mode != "propagate":  # an actor's own scan found NaN/Inf: undo the step everywhere
+            self._get([self.actors[n].rollback.remote() for n in names], "rolling back a non-finite step")
+            return self._void_step(found)
         out = []
         total = sum(b.numel for b in self.plan.buckets)
         for w in workers:  # one fresh writable buffer per worker (results from Ray are read-only views)
@@ -214,7 +236,15 @@ class RayEngine:
                 views[b.name][...] = results[b.name]
             out.append(views)
         self.state = EngineState(step=step + 1, residuals={})
-        return out
+        return SyncOutput(out, nonfinite=reports + found)
+
+    def _void_step(self, reports: list[Any]) -> SyncOutput:
+        """NaN/Inf under ``nonfinite="raise"`` (error, step not counted) or ``"skip"`` (zeros, step counted)."""
+        if self.plan.nonfinite == "raise":
+            raise NonFiniteGradientError(reports)
+        self.state = EngineState(step=self.state.step + 1, residuals={})
+        zeros = [{b.name: np.zeros(b.numel, np.float32) for b in self.plan.buckets} for _ in range(self.plan.workers)]
+        return SyncOutput(zeros, skipped=True, nonfinite=reports)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -259,7 +289,7 @@ class RayEngine:
     def _record(self, step: int, collected: dict[str, tuple]) -> None:
         send_end: dict[str, float] = {}
         rows = []
-        for actor, (_, records) in collected.items():
+        for actor, (_, records, _) in collected.items():
             for op, tensor, part, start, end, nbytes, node in records:
                 rows.append(dict(op=op, actor=actor, tensor=tensor, part=part, start=start, end=end,
                                  nbytes=nbytes, node=node, step=step))
