@@ -71,6 +71,8 @@ VALIDATE_MARGIN = 1.3
 #: lose to a fixed choice, and the estimator can be 50% pessimistic (e.g. PS with a 1-bit codec).
 UNIFORM_VALIDATE_MARGIN = 2.0
 CHEAP_OPS = 5_000
+#: The best-estimated fixed uniform plans that are always simulated, beyond the budget if need be.
+MUST_SIMULATE_FIXED = 3
 #: Options per bucket tried with the real simulator when refining (best estimated first).
 REFINE_OPTIONS = 8
 _TOL = 1e-9  # seconds: smaller estimated differences are ties
@@ -925,10 +927,15 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     sims = 0
     kept: dict[tuple[int, ...], SyncPlan] = {}  # the plan of the current choice, so it is built only once
 
+    # whatever the budget, the planner's pick and the best-estimated fixed plans are simulated: "auto" must
+    # not lose to a fixed choice in simulation, and at scale the estimator alone can be far off
+    defaults = sorted((a for (s, c, rule), a in uniform.items() if rule == "default"), key=planner.estimate)
+    must = {tuple(best)} | {tuple(a) for a in defaults[:MUST_SIMULATE_FIXED]}
+
     def run(assign: list[int]) -> tuple[float, SyncPlan] | None:
         nonlocal budget, sims
         ops = sum(b.costs[j].ops for b, j in zip(planner.buckets, assign))
-        if ops > budget:
+        if ops > budget and tuple(assign) not in must:
             return None
         budget -= ops
         sims += 1
@@ -957,7 +964,7 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
         ref = min(x[0] for x in simulated) if simulated else best_est
         cheap = sum(b.costs[j].ops for b, j in zip(planner.buckets, a)) <= CHEAP_OPS
         margin = UNIFORM_VALIDATE_MARGIN if label.startswith("uniform") else VALIDATE_MARGIN
-        if est > margin * ref and not cheap:
+        if est > margin * ref and not cheap and tuple(a) not in must:
             continue
         out = run(a)
         if out is not None:
