@@ -92,6 +92,28 @@ def test_numpy_integers_and_zero_size_tensors_are_fine():
     assert json.loads(json.dumps(plan.to_dict()))["workers"] == 3
 
 
+ZERO_SHAPES = {"z": (0,), "z2": (0, 3), "a": (5,)}
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, None], ids=["own-buckets", "fused"])
+@pytest.mark.parametrize("strategy,extra", [("ring", {}), ("allgather", {}), ("ps", {}), ("ps", {"servers": 2})],
+                         ids=["ring", "allgather", "ps", "ps-servers"])
+@pytest.mark.parametrize("codec", available_codecs())
+def test_zero_size_tensors_sync_on_every_codec(codec, strategy, extra, bucket_bytes):
+    plan = casync.build_plan(ZERO_SHAPES, workers=3, strategy=strategy, codec=codec, bucket_bytes=bucket_bytes,
+                             **extra)
+    engine = casync.LocalEngine(plan)
+    for step in range(2):
+        grads = make_grads(ZERO_SHAPES, 3, seed=step)
+        out = engine.sync(grads)
+        for w in range(3):
+            for name, shape in ZERO_SHAPES.items():
+                assert out[w][name].shape == shape
+                np.testing.assert_array_equal(out[w][name], out[0][name])
+        if codec == "none":
+            np.testing.assert_allclose(out[0]["a"], np.mean([g["a"] for g in grads], axis=0), rtol=1e-6)
+
+
 _JUNK = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**7), st.floats(allow_nan=True), st.text(max_size=6),
                   st.lists(st.integers(-2, 4), max_size=3), st.sampled_from(["ring", "ps", "allgather", "auto"]))
 
@@ -211,6 +233,12 @@ def test_ray_engine_rejects_bad_sync_and_stays_usable(ray_local):
     plan = casync.build_plan(SHAPES, workers=2, strategy="ps", servers=1, codec="onebit")
     with casync.RayEngine(plan, timeout_s=60) as engine:
         _check_engine(engine, casync.LocalEngine(plan))
+    zero = casync.build_plan(ZERO_SHAPES, workers=2, codec="topk:ratio=0.5", bucket_bytes=0)
+    with casync.RayEngine(zero, timeout_s=60) as engine:
+        grads = make_grads(ZERO_SHAPES, 2)
+        got, expected = engine.sync(grads), casync.LocalEngine(zero).sync(grads)
+        for name in ZERO_SHAPES:
+            np.testing.assert_array_equal(got[1][name], expected[1][name])
         flats, _ = flatten_worker_grads(plan, _clean_grads(0))
         bucket = plan.buckets[0].name
         for bad, needle in ((flats[:1], "flats has 1 entries"),
