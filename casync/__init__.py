@@ -9,7 +9,9 @@ from primitives.codecs import Codec, available_codecs, get_codec, register_codec
 from .build import build_plan
 from .costmodel import ClusterModel, Profile
 from .engine_local import LocalEngine
-from .errors import ReplicaMismatchError, SyncError, SyncTimeoutError, WorkerLostError
+from .errors import (NonFiniteGradientError, PlanFormatError, ReplicaMismatchError, SyncError, SyncTimeoutError,
+                     WorkerLostError)
+from .nonfinite import NonFiniteReport, SyncOutput
 from .models import model_names
 from .plan import SyncPlan
 from .simulator import Timeline, simulate
@@ -35,5 +37,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
 __all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "backward_ready_times", "choose_plan", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
+           "NonFiniteGradientError", "NonFiniteReport", "PlanFormatError", "SyncOutput",
            "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
            "register_codec"]

@@ -1,6 +1,7 @@
 """``build_plan``: validate options, fuse small tensors into buckets, partition, expand each bucket."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,15 +18,18 @@ DEFAULT_BUCKET_BYTES = 25 << 20  # 25 MiB, DDP's bucket_cap_mb: a Ray actor task
 # larger buckets win (ResNet-50: 5 buckets, which still pipeline)
 MAX_PARTITIONS = 1 << 16
 MIN_PARTITION_NUMEL = 16384  # default partitioning never cuts below 64 KiB: tiny parts cost latency, save nothing
+MAX_PLAN_OPS = 2_000_000  # ~30 s to build and a few GB: beyond it, refuse at once instead of running for minutes
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> Any:
+    """``value`` as a Python int (NumPy integers accepted), or None where allowed."""
     if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
 
 
 def _check_bool(name: str, value: Any) -> None:
@@ -111,21 +115,21 @@ def build_plan(
                            else (strategy,), codecs=codec, partitions=partitions, ready_times=ready_times,
                            two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
                            seed=seed, options=options)
-    _check_int("workers", workers, 1)
+    workers = _check_int("workers", workers, 1)
     get_strategy(strategy)  # validates the name
     codec_obj = get_codec(codec)
-    _check_int("servers", servers, 1, allow_none=True)
+    servers = _check_int("servers", servers, 1, allow_none=True)
     if servers is not None and strategy != "ps":
         raise ValueError(f"servers={servers} only applies to strategy='ps', not {strategy!r}")
-    _check_int("partitions", partitions, 1, allow_none=True)
+    partitions = _check_int("partitions", partitions, 1, allow_none=True)
     if partitions is not None and partitions > MAX_PARTITIONS:
         raise ValueError(f"partitions={partitions} is more than the supported maximum {MAX_PARTITIONS}")
     _check_bool("two_way", two_way)
     _check_bool("error_feedback", error_feedback)
     if op not in ("mean", "sum"):
         raise ValueError(f"op must be 'mean' or 'sum', got {op!r}")
-    _check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
-    _check_int("seed", seed, 0)
+    bucket_bytes = _check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
+    seed = _check_int("seed", seed, 0)
     specs = tensor_specs(tensors)
     bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     groups = name_buckets(specs, make_buckets(specs, bucket_bytes))
@@ -170,6 +174,17 @@ def effective_partitions(choice: BucketChoice, workers: int, numel: int) -> int:
     return max(1, min(default, -(-numel // MIN_PARTITION_NUMEL)))
 
 
+def estimated_ops(strategy: str, workers: int, parts: int, servers: int | None, compact: bool = False) -> int:
+    """Upper bound on the ops a bucket expands to (the per-partition counts in the README), before building."""
+    n = workers
+    if compact:  # one representative worker; ring and PS templates expand one partition in every N
+        groups = -(-parts // n)
+        return {"ring": groups * (8 * n + 2), "ps": groups * (7 * n + 3)}.get(strategy, parts * (3 * n + 3))
+    per = {"ring": 8 * n - 6 if n > 1 else 3, "allgather": 3 * n * n,
+           "ps": 7 * n + 2 if servers else 7 * n - 4}.get(strategy, 8 * n * n)
+    return parts * max(per, 3)
+
+
 def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
                   choices: list[BucketChoice], *, error_feedback: bool = True, op: str = "mean",
                   options: dict[str, Any] | None = None, compact: bool = False) -> SyncPlan:
@@ -182,6 +197,17 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
 
     if len(choices) != len(groups):
         raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
+    total = 0
+    for (_, group), c in zip(groups, choices):
+        numel = sum(s.numel for s in group)
+        parts = len(split_even(numel, effective_partitions(c, workers, numel)))
+        if compact and c.strategy == "ring":
+            parts = workers * max(1, (c.partitions or workers) // workers)
+        total += estimated_ops(c.strategy, workers, parts, c.servers if c.strategy == "ps" else None, compact)
+    if total > MAX_PLAN_OPS:
+        raise ValueError(f"this plan would have about {total:,} ops ({workers} workers, {len(groups)} buckets), more "
+                         f"than the {MAX_PLAN_OPS:,} casync builds; use fewer partitions or workers, or "
+                         "assemble_plan(..., compact=True) to simulate a large cluster")
     builder = GraphBuilder(nx.DiGraph())
     buckets: list[Bucket] = []
     for index, ((name, group), choice) in enumerate(zip(groups, choices)):

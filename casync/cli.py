@@ -38,6 +38,8 @@ def _plan_from_args(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     plan = _plan_from_args(args)
+    if args.tensor is not None and args.tensor not in {b.name for b in plan.buckets}:
+        args.tensor = plan.bucket_of(args.tensor).name  # a tensor fused into a bucket: show that bucket
     print(plan.summary())
     if args.table:
         print(plan.table(args.tensor))
@@ -213,11 +215,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .errors import SyncError
+
     try:
         return args.func(args)
-    except (ValueError, TypeError) as exc:
-        print(f"casync: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # bad input, a missing file: one line, no traceback
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"casync: error: {message}", file=sys.stderr)
         return 2
+    except SyncError as exc:  # the engine failed (a lost actor, a timeout): not the user's input
+        print(f"casync: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ def compare(model: Any, workers: int = 4, strategies: Iterable[str] = QUICK_STRA
     """Measure every (strategy, codec) on ``model``'s gradient shapes with ``workers`` workers."""
     from tqdm.auto import tqdm
 
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     make_engine = _engine_factory(engine, address)
     configs = [(s, c) for s in strategies for c in codecs]
     rows = []

@@ -9,6 +9,7 @@ runtime itself costs: slower ops inside loaded actors, a gap per fused task, and
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -165,8 +166,9 @@ class Profile:
     def from_dict(cls, data: Any, source: str = "profile") -> "Profile":
         def cost(value: Any, where: str) -> LinearCost:
             if (not isinstance(value, (list, tuple)) or len(value) != 2
-                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value)):
-                raise ValueError(f"{source}: {where} must be [a, b] with non-negative numbers, got {value!r}")
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                               for v in value)):
+                raise ValueError(f"{source}: {where} must be [a, b] with finite non-negative numbers, got {value!r}")
             return LinearCost(float(value[0]), float(value[1]))
 
         if not isinstance(data, dict):
@@ -186,8 +188,11 @@ class Profile:
             codecs[name] = {op: cost(v, f"codecs.{name}.{op}") for op, v in ops.items()}
         for key in ("transfer_alpha_s", "transfer_beta_bps", "task_overhead_s"):
             v = data[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key == "transfer_beta_bps" and v == 0):
-                raise ValueError(f"{source}: {key} must be a positive number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
+                    key == "transfer_beta_bps" and v == 0):
+                raise ValueError(f"{source}: {key} must be a finite positive number, got {v!r}")
+        if not isinstance(data.get("machine", {}), dict):
+            raise ValueError(f"{source}: 'machine' must be an object, got {data['machine']!r}")
         return cls(codecs=codecs, merge=cost(data["merge"], "merge"),
                    transfer_alpha_s=float(data["transfer_alpha_s"]),
                    transfer_beta_bps=float(data["transfer_beta_bps"]),
@@ -205,7 +210,7 @@ class Profile:
         path = Path(path)
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_dict(data, source=str(path))
 
@@ -239,12 +244,16 @@ class ClusterModel:
                 raise ValueError(f"ClusterModel.{name} must be an int >= 1, got {v!r}")
         for name in ("bandwidth_gbps", "latency_us"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (name == "bandwidth_gbps" and v == 0):
-                raise ValueError(f"ClusterModel.{name} must be a positive number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
+                    name == "bandwidth_gbps" and v == 0):
+                raise ValueError(f"ClusterModel.{name} must be a finite positive number, got {v!r}")
 
     @classmethod
     def for_workers(cls, workers: int, workers_per_node: int = 1, **kw: Any) -> "ClusterModel":
         """Enough nodes for ``workers`` (one worker per node by default, as on a GPU cluster)."""
+        for name, v in (("workers", workers), ("workers_per_node", workers_per_node)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         return cls(nodes=max(1, -(-workers // workers_per_node)), workers_per_node=workers_per_node, **kw)
 
     @property

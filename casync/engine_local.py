@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .errors import NonFiniteGradientError
-from .inputs import flatten_worker_grads, unflatten_results
+from .inputs import check_flats, flatten_worker_grads, unflatten_results
 from .kernels import run_node
 from .nonfinite import SyncOutput, layouts, scan_worker
 from .plan import SyncPlan
@@ -47,8 +47,9 @@ class LocalEngine:
         return SyncOutput(unflatten_results(self.plan, results, torch_flags), results.skipped, results.nonfinite)
 
     def run_flat(self, flats: list[dict[str, np.ndarray]]) -> SyncOutput:
-        """The engine proper, on per-worker flat bucket buffers (already validated)."""
+        """The engine proper, on per-worker flat bucket buffers (``flatten_worker_grads`` output)."""
         plan, graph = self.plan, self.plan.graph
+        check_flats(plan, flats)
         scans = [scan_worker(self._layouts, w, flats[w]) for w in range(plan.workers)]
         reports = [r for found, _ in scans for r in found]
         if reports and plan.nonfinite == "raise":

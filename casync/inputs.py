@@ -23,10 +23,20 @@ def _as_float32(value: Any, worker: int, name: str) -> np.ndarray:
             raise TypeError(f"worker {worker}, tensor {name!r}: expected a floating-point tensor, got {value.dtype}")
         import torch
 
+        if value.layout != torch.strided or value.device.type == "meta":
+            raise TypeError(f"worker {worker}, tensor {name!r}: expected a dense tensor with data, got layout "
+                            f"{value.layout} on device {value.device.type!r}")
         value = value.detach()
-        if value.dtype != torch.float32 or value.device.type != "cpu":
-            value = value.to(device="cpu", dtype=torch.float32)
-        return value.numpy()
+        try:
+            if value.dtype != torch.float32 or value.device.type != "cpu":
+                value = value.to(device="cpu", dtype=torch.float32)
+            return value.numpy()
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            raise TypeError(f"worker {worker}, tensor {name!r}: cannot read this tensor as float32 on the CPU "
+                            f"({exc})") from None
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"worker {worker}, tensor {name!r}: masked arrays are not supported (their masked values "
+                        "would be used as they are); pass .filled(0) or a plain array")
     if not isinstance(value, np.ndarray):
         if isinstance(value, (np.floating, float)):
             value = np.asarray(value)
@@ -90,3 +100,22 @@ def unflatten_results(plan: SyncPlan, results: list[dict[str, np.ndarray]],
             worker_out[name] = array
         out.append(worker_out)
     return out
+
+
+def check_flats(plan: SyncPlan, flats: Any) -> None:
+    """Validate per-worker flat bucket buffers handed to ``run_flat`` (dicts; other entries, such as ObjectRefs
+    of them, are checked where they are read): every bucket, 1-D float32 of the bucket's length."""
+    if not isinstance(flats, Sequence) or isinstance(flats, (str, bytes)):
+        raise TypeError(f"flats must be a list with one mapping bucket->array per worker, got {type(flats).__name__}")
+    if len(flats) != plan.workers:
+        raise ValueError(f"flats has {len(flats)} entries but the plan has {plan.workers} workers")
+    for w, buffers in enumerate(flats):
+        if not isinstance(buffers, Mapping):
+            continue
+        for bucket in plan.buckets:
+            array = buffers.get(bucket.name)
+            if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != (bucket.numel,):
+                got = f"{array.dtype}{array.shape}" if isinstance(array, np.ndarray) else type(array).__name__
+                raise ValueError(f"worker {w}, bucket {bucket.name!r}: expected a flat float32 array of shape "
+                                 f"({bucket.numel},), got {got}")
+

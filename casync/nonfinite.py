@@ -38,12 +38,17 @@ def check_mode(mode: Any) -> str:
 
 
 def all_finite(x: np.ndarray) -> bool:
-    """True when ``x`` holds no NaN or Inf: one summing pass (NaN/Inf make the sum non-finite); only when
-    the sum is not finite — a NaN/Inf, or finite values whose sum overflows — a second, exact pass."""
-    if x.size == 0:
-        return True
+    """True when ``x`` holds no NaN or Inf.
+
+    One summing pass: 64 rows added element-wise (vectorised, no temporary the size of ``x``), where a NaN or
+    Inf makes its lane non-finite; then a look at the n/64 lane sums.  Only when a lane is not finite (a
+    NaN/Inf, or finite values whose sum overflows) an exact second pass decides.  Measured at about 0.4x a
+    onebit encode of the same array (benchmarks/nonfinite_overhead.py).
+    """
+    m = x.size & ~63
     with np.errstate(over="ignore", invalid="ignore"):
-        if np.isfinite(np.add.reduce(x, axis=None)):
+        lanes = np.add.reduce(x[:m].reshape(64, -1), axis=0) if m else x[:0]
+        if np.isfinite(lanes).all() and np.isfinite(x[m:]).all():
             return True
     return bool(np.isfinite(x).all())
 

@@ -21,12 +21,12 @@ from primitives.codecs import Codec, get_codec
 from strategies import OPS, STRATEGIES
 
 from .errors import PlanFormatError
+from .nonfinite import MODES as NONFINITE_MODES
 from .plan import SyncPlan
 from .specs import Bucket, Member, TensorSpec
 
 PLAN_FORMAT = "casync.plan"
 PLAN_VERSION = 1
-NONFINITE_MODES = ("raise", "skip", "propagate")
 
 # node attribute -> (check, what it must be); per op, the attributes it must carry
 _INT = (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int")

@@ -11,6 +11,7 @@ and hop round, as the Ray engine fuses them) also pays the profile's per-task co
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -73,6 +74,8 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     if capacity < plan.workers:
         raise ValueError(f"cluster has room for {capacity} workers (nodes x workers_per_node), plan has {plan.workers}")
     profile = profile or Profile.default()
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a casync.Profile (Profile.load(path) reads a file), got {type(profile).__name__}")
     bucket_ready = _bucket_ready(plan, ready_times)
     graph = plan.graph
     node_of = {actor: cluster.node_of(actor) for actor in plan.actors}
@@ -194,6 +197,9 @@ def _bucket_ready(plan: SyncPlan, ready_times: Mapping[str, float] | None) -> di
     unknown = set(ready_times) - known
     if unknown:
         raise ValueError(f"ready_times names unknown tensors: {sorted(unknown)[:5]}")
+    for name, t in ready_times.items():
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"ready_times[{name!r}] must be a non-negative number of seconds, got {t!r}")
     for b in plan.buckets:
         times = [ready_times[m] for m in b.tensor_names if m in ready_times]
         if b.name in ready_times:

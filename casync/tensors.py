@@ -11,6 +11,9 @@ def _is_torch_module(obj: Any) -> bool:
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    if hasattr(shape, "shape") and hasattr(shape, "dtype"):  # an array or tensor where a shape belongs
+        raise TypeError(f"tensor {name!r}: expected a shape, got a {type(shape).__name__}; pass its .shape "
+                        f"(e.g. {{name: p.shape for name, p in model.named_parameters()}}) or the torch module")
     if isinstance(shape, int) and not isinstance(shape, bool):
         shape = (shape,)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -20,7 +21,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..errors import NonFiniteGradientError, SyncError, SyncTimeoutError, WorkerLostError
-from ..inputs import flatten_worker_grads, unflatten_results
+from ..inputs import check_flats, flatten_worker_grads, unflatten_results
 from ..nonfinite import SyncOutput, layouts, scan_worker
 from ..plan import SyncPlan
 from ..state import EngineState
@@ -63,6 +64,7 @@ def connect_ray(address: str | None, num_cpus: int | None = None, object_store_m
     bound to 127.0.0.1.  ``"auto"``, ``"ray://host:port"`` or ``RAY_ADDRESS``: join that cluster.
     """
     if ray.is_initialized():
+        _check_same_cluster(address)
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
@@ -70,8 +72,41 @@ def connect_ray(address: str | None, num_cpus: int | None = None, object_store_m
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
                      object_store_memory=object_store_memory, log_to_driver=False, configure_logging=False)
         return True
+    _check_reachable(address)
     ray.init(address=address, log_to_driver=False, configure_logging=False)
     return True if address.startswith("ray://") else False
+
+
+def _check_same_cluster(address: str | None) -> None:
+    """An explicit ``host:port`` must be the cluster this process already joined (else it would silently run
+    on the wrong one); ``None``, ``"auto"`` and ``ray://`` addresses reuse what is there."""
+    if not address or address == "auto" or "://" in address:
+        return
+    port = address.rpartition(":")[2]
+    current = ray.get_runtime_context().gcs_address
+    if port != current.rpartition(":")[2]:
+        raise ValueError(f"this process is already connected to the Ray cluster at {current}; it cannot also join "
+                         f"{address!r} (call ray.shutdown() first)")
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast (ConnectionError) when nothing listens at an explicit ``host:port`` or ``ray://host:port``:
+    ``ray.init`` would otherwise retry for minutes.  ``"auto"`` and other forms are left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"no Ray cluster reachable at {address!r} ({exc}); start one with `ray start "
+                              "--head` or check the address") from None
+
+
+def _positive_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and bool(np.isfinite(value)) and value > 0)
 
 
 class RayEngine:
@@ -88,8 +123,12 @@ class RayEngine:
         plan.require_executable("RayEngine")
         if placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {placement!r}")
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ValueError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        if not _positive_number(timeout_s):
+            raise ValueError(f"timeout_s must be a finite positive number of seconds, got {timeout_s!r}")
+        if num_cpus_per_actor is not None and not _positive_number(num_cpus_per_actor):
+            raise ValueError(f"num_cpus_per_actor must be None or a finite positive number, got {num_cpus_per_actor!r}")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
         self.plan = plan
         self.timeout_s = float(timeout_s)
         self.program = compile_program(plan)
@@ -186,11 +225,12 @@ class RayEngine:
         scans it for NaN/Inf itself).
         """
         self._check_usable()
+        check_flats(self.plan, flats)
         step = self.state.step
         mode = self.plan.nonfinite
         reports, flagged = [], {}
         for w, flat in enumerate(flats):
-            if isinstance(flat, dict):
+            if isinstance(flat, Mapping):
                 found, flagged[w] = scan_worker(self._layouts, w, flat)
                 reports += found
         if reports and mode != "propagate":  # decided before anything is submitted: the actors never see it
@@ -199,8 +239,7 @@ class RayEngine:
         keep_previous = remote_grads and mode != "propagate"
         deadline = time.monotonic() + self.timeout_s
         workers = [f"worker:{w}" for w in range(self.plan.workers)]
-        loads = {name: self.actors[name].load.remote(step, flats[w] if w < len(flats) else None,
-                                                     flagged.get(w, None if w < len(flats) else set()), keep_previous)
+        loads = {name: self.actors[name].load.remote(step, flats[w], flagged.get(w), keep_previous)
                  for w, name in enumerate(workers)}
         for name in self.actors:
             if name not in loads:
@@ -269,12 +308,16 @@ class RayEngine:
             raise SyncError(f"{what}: a task failed: {exc}") from exc
 
     def _dead_actors(self) -> list[str]:
+        """Actors whose ping fails (pinged all at once: a busy survivor costs at most 2 s, not 2 s each)."""
+        pings = {name: handle.pid.remote() for name, handle in self.actors.items()}
+        ready, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=2.0)
         dead = []
-        for name, handle in self.actors.items():
-            try:
-                ray.get(handle.pid.remote(), timeout=2.0)
-            except Exception:
-                dead.append(name)
+        for name, ref in pings.items():
+            if ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:
+                    dead.append(name)
         return dead
 
     def _fail(self, reason: str) -> None:
