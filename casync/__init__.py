@@ -19,11 +19,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``casync.RayEngine`` without importing Ray until it is used."""
+    """``casync.RayEngine`` / ``casync.Trainer`` without importing Ray or torch until they are used."""
     if name == "RayEngine":
         from .runtime.ray_engine import RayEngine
 
         return RayEngine
+    if name == "Trainer":
+        from .training import Trainer
+
+        return Trainer
     if name == "profile":
         from .profiler import profile
 
@@ -35,5 +39,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
 __all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "backward_ready_times", "choose_plan", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
-           "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
+           "TensorSpec", "Trainer", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
            "register_codec"]

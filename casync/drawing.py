@@ -112,7 +112,7 @@ def draw_gantt(records: list[dict], path: str, title: str = "", actors: list[str
     lanes = actors or sorted({r["actor"] for r in records},
                              key=lambda a: (not a.startswith("worker"), a.split(":")[0], int(a.split(":")[1])))
     index = {a: i for i, a in enumerate(lanes)}
-    colors = dict(OP_COLORS, load="#999999")
+    colors = dict(OP_COLORS, load="#999999", forward="#DDDDDD", backward="#F0A040", update="#777777")
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.6 * len(lanes) + 1)))
     for op in colors:
         bars = [(r["start"], max(r["end"] - r["start"], 1e-6)) for r in records if r["op"] == op]
@@ -128,7 +128,9 @@ def draw_gantt(records: list[dict], path: str, title: str = "", actors: list[str
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(title, fontsize=9)
-    ax.legend(handles=[Patch(color=c, label=o) for o, c in colors.items()], loc="upper left",
+    present = {r["op"] for r in records}
+    ax.legend(handles=[Patch(color=c, label=o) for o, c in colors.items() if o in present or o in OP_COLORS],
+              loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
