@@ -6,7 +6,7 @@ Picklable building blocks for :class:`casync.Trainer`: a held-out split, per-wor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -45,18 +45,27 @@ def load_split(test_fraction: float = 0.2, seed: int = 0):
 @dataclass(frozen=True)
 class DigitsData:
     """``data_fn`` for the Trainer: worker ``rank`` gets every ``world_size``-th training image, batched by a
-    ``DataLoader`` that reshuffles each epoch (from the torch RNG, which the trainer seeds and checkpoints)."""
+    ``DataLoader`` that reshuffles each epoch (from the torch RNG, which the trainer seeds and checkpoints).
+
+    The training arrays (360 KiB) are loaded here and travel with the object, so workers need no scikit-learn.
+    """
 
     batch_size: int = 32
     shuffle: bool = True
     test_fraction: float = 0.2
     seed: int = 0
+    train: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        object.__setattr__(self, "train", _split(self.test_fraction, self.seed)[:2])
 
     def __call__(self, rank: int, world_size: int):
         import torch
         from torch.utils.data import DataLoader, TensorDataset
 
-        x, y, _, _ = load_split(self.test_fraction, self.seed)
+        x, y = (torch.from_numpy(a.copy()) for a in self.train)
         shard = torch.arange(rank, len(y), world_size)
         return DataLoader(TensorDataset(x[shard], y[shard]), batch_size=self.batch_size, shuffle=self.shuffle,
                           drop_last=True)
