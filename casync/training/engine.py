@@ -118,6 +118,14 @@ class TrainEngine:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
 
+    def __del__(self) -> None:
+        """Best effort for a forgotten trainer on a joined cluster: free its actors (as ``RayEngine`` does)."""
+        try:
+            if not self._closed and ray.is_initialized() and not self._owns_ray:
+                self.close()
+        except Exception:
+            pass
+
     def check_usable(self) -> None:
         if self._closed:
             raise SyncError("this Trainer is closed")
