@@ -21,11 +21,15 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``casync.RayEngine`` without importing Ray until it is used."""
+    """``casync.RayEngine`` / ``casync.Trainer`` without importing Ray or torch until they are used."""
     if name == "RayEngine":
         from .runtime.ray_engine import RayEngine
 
         return RayEngine
+    if name == "Trainer":
+        from .training import Trainer
+
+        return Trainer
     if name == "profile":
         from .profiler import profile
 
@@ -38,5 +42,5 @@ def __getattr__(name: str):
 
 __all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "backward_ready_times", "choose_plan", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
            "NonFiniteGradientError", "NonFiniteReport", "PlanFormatError", "SyncOutput",
-           "TensorSpec", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
+           "TensorSpec", "Trainer", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
            "register_codec"]

@@ -1,4 +1,5 @@
-"""The ``casync`` command line: ``plan`` (build, print, draw), ``bench`` (compare strategies), listings."""
+"""The ``casync`` command line: ``plan`` (build, print, draw), ``bench`` (compare strategies), ``train``
+(data-parallel training on digits), listings."""
 from __future__ import annotations
 
 import argparse
@@ -137,6 +138,46 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from .training import Trainer
+    from .training.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
+
+    fns = (DigitsMLP.named(args.model), SGD(lr=args.lr, momentum=args.momentum), cross_entropy,
+           DigitsData(batch_size=args.batch_size, seed=args.seed))
+    progress = not args.no_progress
+    if args.resume:
+        trainer = Trainer.load(args.resume, *fns, address=args.address, progress=progress)
+    else:
+        extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
+        trainer = Trainer(*fns, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
+                          address=args.address, seed=args.seed, error_feedback=not args.no_error_feedback,
+                          momentum_correction=args.momentum_correction, delayed_update=args.delayed_update,
+                          full_sync_every=args.full_sync_every, warmup_steps=args.warmup_steps, progress=progress,
+                          **extra)
+    with trainer:
+        steps = 100 if args.steps is None and args.epochs is None else args.steps
+        history = trainer.fit(steps=steps, epochs=args.epochs)
+        acc = accuracy(trainer.model())
+        skip = min(2, max(len(history) - 1, 0))  # the first steps warm caches and Ray up
+        print(trainer.plan.summary())
+        print(f"trained {len(history)} steps (to step {trainer.step}) on {trainer.workers} workers: "
+              f"held-out accuracy {acc:.4f}, final loss {history.mean('loss', max(0, len(history) - 10)):.4f}")
+        print(f"time per step {history.mean('step_s', skip) * 1e3:.1f} ms (compute {history.mean('compute_s', skip) * 1e3:.1f} ms, "
+              f"sync {history.mean('sync_s', skip) * 1e3:.1f} ms, {history.mean('hidden_fraction', skip):.0%} of it "
+              f"hidden behind backward); {history.mean('bytes_sent') / 2**20:.2f} MiB sent per step, "
+              f"compression {history.mean('compression_ratio'):.1f}x")
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            history.to_csv(out / "history.csv")
+            history.to_json(out / "history.json")
+            trainer.draw_timeline(str(out / "timeline.png"), step=trainer.step - 1 if history else None)
+            print(f"wrote {out / 'history.csv'}, {out / 'history.json'} and {out / 'timeline.png'}")
+        if args.checkpoint:
+            print(f"checkpoint: {trainer.save(args.checkpoint)}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models import model_names, model_num_params, model_shapes
 
@@ -206,6 +247,32 @@ def build_parser() -> argparse.ArgumentParser:
                          "needs to predict RayEngine on this machine)")
     pr.add_argument("--no-progress", action="store_true")
     pr.set_defaults(func=cmd_profile)
+
+    t = sub.add_parser("train", help="data-parallel training of an MLP on scikit-learn's digits through casync")
+    t.add_argument("--model", default="mlp", help="mlp (64-2048-2048-10) | mlp-deep (64-1024x4-10)")
+    t.add_argument("--workers", type=int, default=4)
+    t.add_argument("--strategy", default="ring", help="ps | ring | allgather")
+    t.add_argument("--codec", default="onebit", help="codec name, optionally with params: topk:ratio=0.01")
+    length = t.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, default=None, help="default: 100")
+    length.add_argument("--epochs", type=int, default=None)
+    t.add_argument("--batch-size", type=int, default=32, help="per worker")
+    t.add_argument("--lr", type=float, default=0.2)
+    t.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (in the optimizer)")
+    t.add_argument("--momentum-correction", type=float, default=None,
+                   help="DGC: per-worker momentum before compression, instead of --momentum")
+    t.add_argument("--warmup-steps", type=int, default=0, help="DGC sparsity warm-up (sparse codecs)")
+    t.add_argument("--delayed-update", action="store_true", help="apply step t's update while step t+1 computes")
+    t.add_argument("--full-sync-every", type=int, default=None, help="an uncompressed sync every k steps")
+    t.add_argument("--no-error-feedback", action="store_true")
+    t.add_argument("--bucket-bytes", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--address", default=None, help="Ray cluster address; default: embedded local Ray")
+    t.add_argument("--out", default=None, help="directory for history.csv/json and timeline.png")
+    t.add_argument("--checkpoint", default=None, help="save a checkpoint directory here at the end")
+    t.add_argument("--resume", default=None, help="continue from this checkpoint (its settings win)")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(func=cmd_train)
 
     sub.add_parser("models", help="list built-in models").set_defaults(func=cmd_models)
     sub.add_parser("codecs", help="list registered codecs").set_defaults(func=cmd_codecs)

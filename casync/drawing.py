@@ -112,23 +112,26 @@ def draw_gantt(records: list[dict], path: str, title: str = "", actors: list[str
     lanes = actors or sorted({r["actor"] for r in records},
                              key=lambda a: (not a.startswith("worker"), a.split(":")[0], int(a.split(":")[1])))
     index = {a: i for i, a in enumerate(lanes)}
-    colors = dict(OP_COLORS, load="#999999")
+    compute = {"forward": "#DDDDDD", "backward": "#F0A040", "update": "#777777"}  # a Trainer's, drawn underneath
+    colors = dict(compute, **OP_COLORS, load="#999999")
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.6 * len(lanes) + 1)))
     for op in colors:
         bars = [(r["start"], max(r["end"] - r["start"], 1e-6)) for r in records if r["op"] == op]
         ys = [index[r["actor"]] for r in records if r["op"] == op]
         if not bars:
             continue
-        height = 0.35 if op in ("send", "recv") else 0.7
+        height = 0.35 if op in ("send", "recv") else (0.9 if op in compute else 0.7)
         offset = 0.2 if op == "recv" else (-0.2 if op == "send" else 0.0)
         for (x, w), y in zip(bars, ys):
             ax.broken_barh([(x * 1e3, w * 1e3)], (y - height / 2 + offset, height), facecolors=colors[op],
-                           alpha=0.55 if op in ("send", "recv") else 0.9)
+                           alpha=0.55 if op in ("send", "recv") else (0.5 if op in compute else 0.9))
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(title, fontsize=9)
-    ax.legend(handles=[Patch(color=c, label=o) for o, c in colors.items()], loc="upper left",
+    present = {r["op"] for r in records}
+    ax.legend(handles=[Patch(color=c, label=o) for o, c in colors.items() if o in present or o in OP_COLORS],
+              loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -25,7 +25,7 @@ from ..inputs import check_flats, flatten_worker_grads, unflatten_results
 from ..nonfinite import SyncOutput, layouts, scan_worker
 from ..plan import SyncPlan
 from ..state import EngineState
-from .program import compile_program
+from .program import Program, compile_program
 from .ray_actor import RemoteSyncActor
 
 DEFAULT_CPUS_PER_ACTOR = 0.1
@@ -107,6 +107,47 @@ def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
 def _positive_number(value: Any) -> bool:
     return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
             and bool(np.isfinite(value)) and value > 0)
+
+
+def submit_iteration(program: Program, actors: dict[str, Any], step: int,
+                     leading: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Submit every fused task of one iteration in the program's order; returns each actor's completion refs.
+
+    ``leading[actor]``: refs every task of that actor waits for (its gradient load, an earlier step's end).
+    Payloads travel actor to actor as ObjectRefs; the caller never fetches them.
+    """
+    tokens: dict[str, list[Any]] = {name: list(leading.get(name, [])) for name in actors}
+    outputs: dict[int, list[Any]] = {}
+    task_token: dict[int, Any] = {}
+    for task in program.tasks:
+        lead = list(leading.get(task.actor, []))
+        args = [task_token[i] for i in task.after] + lead
+        args += [outputs[program.producer[u][0]][program.producer[u][1]] for u in task.remote_inputs]
+        refs = actors[task.actor].run.options(num_returns=len(task.outputs) + 1).remote(
+            step, task.id, len(task.after) + len(lead), *args)
+        refs = refs if isinstance(refs, list) else [refs]
+        outputs[task.id], task_token[task.id] = refs[:-1], refs[-1]
+        tokens[task.actor].append(refs[-1])
+    return tokens
+
+
+def timeline_rows(plan: SyncPlan, step: int, records: dict[str, list[tuple]]) -> list[dict[str, Any]]:
+    """Actor op records ``(op, tensor, part, start, end, nbytes, node)`` as timeline rows sorted by start;
+    a recv spans from the moment its payload was sent to the moment its task used it."""
+    send_end: dict[str, float] = {}
+    rows = []
+    for actor, actor_records in records.items():
+        for op, tensor, part, start, end, nbytes, node in actor_records:
+            rows.append(dict(op=op, actor=actor, tensor=tensor, part=part, start=start, end=end,
+                             nbytes=nbytes, node=node, step=step))
+            if op == "send":
+                send_end[node] = end
+    graph = plan.graph
+    for row in rows:
+        if row["op"] == "recv":
+            (send,) = graph.predecessors(row["node"])
+            row["start"] = min(send_end.get(send, row["start"]), row["start"])
+    return sorted(rows, key=lambda r: r["start"])
 
 
 class RayEngine:
@@ -244,18 +285,7 @@ class RayEngine:
         for name in self.actors:
             if name not in loads:
                 loads[name] = self.actors[name].load.remote(step, None, set(), keep_previous)
-        tokens: dict[str, list[Any]] = {name: [ref] for name, ref in loads.items()}
-        outputs: dict[int, list[Any]] = {}
-        task_token: dict[int, Any] = {}
-        for task in self.program.tasks:
-            handle = self.actors[task.actor]
-            args = [task_token[i] for i in task.after] + [loads[task.actor]]
-            args += [outputs[self.program.producer[u][0]][self.program.producer[u][1]] for u in task.remote_inputs]
-            n_out = len(task.outputs)
-            refs = handle.run.options(num_returns=n_out + 1).remote(step, task.id, len(task.after) + 1, *args)
-            refs = refs if isinstance(refs, list) else [refs]
-            outputs[task.id], task_token[task.id] = refs[:-1], refs[-1]
-            tokens[task.actor].append(refs[-1])
+        tokens = submit_iteration(self.program, self.actors, step, {name: [ref] for name, ref in loads.items()})
         names = list(self.actors)
         collected = self._get([self.actors[n].collect.remote(step, *tokens[n]) for n in names],
                               f"sync step {step}", deadline)
@@ -330,20 +360,8 @@ class RayEngine:
 
     # -- timeline --------------------------------------------------------------
     def _record(self, step: int, collected: dict[str, tuple]) -> None:
-        send_end: dict[str, float] = {}
-        rows = []
-        for actor, (_, records, _) in collected.items():
-            for op, tensor, part, start, end, nbytes, node in records:
-                rows.append(dict(op=op, actor=actor, tensor=tensor, part=part, start=start, end=end,
-                                 nbytes=nbytes, node=node, step=step))
-                if op == "send":
-                    send_end[node] = end
-        graph = self.plan.graph
-        for row in rows:  # a recv spans from the moment its payload was sent to the moment its task used it
-            if row["op"] == "recv":
-                (send,) = graph.predecessors(row["node"])
-                row["start"] = min(send_end.get(send, row["start"]), row["start"])
-        self._records.extend(sorted(rows, key=lambda r: r["start"]))
+        rows = timeline_rows(self.plan, step, {actor: c[1] for actor, c in collected.items()})
+        self._records.extend(rows)
         keep = step - TIMELINE_STEPS_KEPT
         if self._records and self._records[0]["step"] <= keep:  # bounded memory on long runs
             self._records = [r for r in self._records if r["step"] > keep]

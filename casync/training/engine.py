@@ -1,0 +1,211 @@
+"""Driver side of a Trainer on Ray: start the worker (and PS server) actors, submit training steps, map
+failures to typed errors, keep the measured timeline.
+
+A step is submitted whole: every worker's ``train_step``, every fused sync task of the plan (ObjectRefs
+of payloads go actor to actor, never through the driver), every actor's ``finish`` and every worker's
+``apply``.  The driver fetches only small per-step statistics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..plan import SyncPlan
+from ..runtime.program import Program, compile_program
+from ..runtime.ray_engine import DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, submit_iteration, timeline_rows
+from .options import TrainOptions
+from .worker import SYNC_GROUP, StepSyncActor, TrainWorker
+
+
+@dataclass
+class StepRefs:
+    """The refs of one submitted step (and, once fetched, its per-worker compute statistics)."""
+
+    step: int
+    full: bool
+    train: dict[str, Any]  # worker -> train_step ref
+    finish: dict[str, Any]  # actor -> finish ref
+    stats: dict[str, dict] = field(default_factory=dict)  # worker -> train_step result
+    recorded: bool = False
+    wall: float = float("nan")  # driver seconds of the iteration that computed this step
+
+
+def offset_program(program: Program, by: int) -> Program:
+    """The same program with task ids shifted by ``by`` (two programs then share one actor's task table)."""
+    tasks = [dataclasses.replace(t, id=t.id + by, after=[i + by for i in t.after]) for t in program.tasks]
+    return Program(tasks=tasks, producer={n: (i + by, k) for n, (i, k) in program.producer.items()})
+
+
+class TrainEngine:
+    """The actors of one Trainer and the submission of its steps."""
+
+    def __init__(self, plan: SyncPlan, full_plan: SyncPlan | None, layout: list, fns: tuple, options: TrainOptions,
+                 warmup: dict, address: str | None):
+        self.plan = plan
+        self.options = options
+        self.program = compile_program(plan)
+        self.full_program = offset_program(compile_program(full_plan), len(self.program.tasks)) if full_plan else None
+        self.codecs = dict(plan.codecs, **(full_plan.codecs if full_plan else {}))
+        self.workers = [f"worker:{w}" for w in range(plan.workers)]
+        self.actors: dict[str, Any] = {}
+        self._records: list[dict[str, Any]] = []
+        self._broken: str | None = None
+        self._closed = False
+        self._pg = None
+        cpus = [options.cpus_per_worker if a.startswith("worker:") else DEFAULT_CPUS_PER_ACTOR for a in plan.actors]
+        self._owns_ray = connect_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(sum(cpus))))
+        try:
+            self._start_actors(cpus, layout, fns, warmup)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def _start_actors(self, cpus: list[float], layout: list, fns: tuple, warmup: dict) -> None:
+        names = self.plan.actors
+        strategy = "SPREAD" if self.options.placement == "spread" else "PACK"
+        self._pg = placement_group([{"CPU": c} for c in cpus], strategy=strategy)
+        try:
+            ray.get(self._pg.ready(), timeout=self.options.timeout_s)
+        except GetTimeoutError:
+            raise SyncTimeoutError(f"placement group for {len(names)} actors ({sum(cpus):g} CPUs) not ready in "
+                                   f"{self.options.timeout_s:.0f}s; cluster resources: {ray.cluster_resources()}; "
+                                   "lower cpus_per_worker or add nodes") from None
+        partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
+        per_actor = max(len(self.program.tasks_of(n)) for n in names)
+        threads = min(256, 2 * per_actor * (2 if self.full_program else 1) + 8)  # waiting tasks, two steps in flight
+        worker_cls = ray.remote(concurrency_groups={SYNC_GROUP: threads})(TrainWorker)
+        server_cls = ray.remote(concurrency_groups={SYNC_GROUP: threads})(StepSyncActor)
+        for index, name in enumerate(names):
+            tasks = self.program.tasks_of(name) + (self.full_program.tasks_of(name) if self.full_program else [])
+            opts = dict(num_cpus=cpus[index], max_restarts=0, max_task_retries=0, allow_out_of_order_execution=True,
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=index))
+            if name.startswith("worker:"):
+                self.actors[name] = worker_cls.options(**opts).remote(
+                    name, int(name.split(":")[1]), self.plan.workers, tasks, self.codecs, self.plan.seed, partitions,
+                    layout, fns, self.options, warmup)
+            else:
+                self.actors[name] = server_cls.options(**opts).remote(
+                    name, tasks, self.codecs, self.plan.seed, partitions, self.options.timeout_s)
+        self.get([a.ready.remote() for a in self.actors.values()], "starting the workers (model_fn, data_fn)")
+
+    def close(self) -> None:
+        """Kill the actors and free the placement group; stop Ray if this engine started it."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self.actors.values():
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.actors = {}
+        if self._pg is not None:
+            try:
+                remove_placement_group(self._pg)
+            except Exception:
+                pass
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def __del__(self) -> None:
+        """Best effort for a forgotten trainer on a joined cluster: free its actors (as ``RayEngine`` does)."""
+        try:
+            if not self._closed and ray.is_initialized() and not self._owns_ray:
+                self.close()
+        except Exception:
+            pass
+
+    def check_usable(self) -> None:
+        if self._closed:
+            raise SyncError("this Trainer is closed")
+        if self._broken:
+            raise SyncError(f"this Trainer is unusable after an earlier failure ({self._broken}); build a new one "
+                            "with Trainer.load() from the last checkpoint")
+
+    # -- steps -------------------------------------------------------------------------------
+    def start_step(self, step: int, full: bool, after: dict[str, Any] | None = None) -> StepRefs:
+        """Submit one step's compute and sync; ``after``: refs (per actor) its sync must wait for."""
+        program = self.full_program if full else self.program
+        train = {w: self.actors[w].train_step.remote(step, full) for w in self.workers}
+        leading: dict[str, list[Any]] = {a: [after[a]] for a in self.actors} if after else {}
+        for name in self.actors:
+            if name not in train:  # a PS server: opens the step once the previous one is done
+                leading[name] = [self.actors[name].begin.remote(step, *leading.get(name, []))]
+        tokens = submit_iteration(program, self.actors, step, leading)
+        finish = {a: self.actors[a].finish.remote(step, *tokens[a]) for a in self.actors}
+        return StepRefs(step=step, full=full, train=train, finish=finish)
+
+    def apply(self, refs: StepRefs, after: dict[str, Any], check: bool) -> dict[str, Any]:
+        """Submit every worker's optimizer step for ``refs``' step, after ``after[worker]`` (a train_step)."""
+        return {w: self.actors[w].apply.remote(refs.step, check, *([refs.finish[w]] if w in refs.finish else []),
+                                               after[w]) for w in self.workers}
+
+    def call(self, method: str, *args: Any, actors: list[str] | None = None) -> list[Any]:
+        """Call ``method`` on each actor (default: every worker) and wait for the results."""
+        names = actors if actors is not None else self.workers
+        return self.get([getattr(self.actors[n], method).remote(*args) for n in names], f"calling {method}")
+
+    def get(self, refs: list[Any], what: str, deadline: float | None = None) -> list[Any]:
+        """``ray.get`` with this engine's timeout; failures become typed errors and make the engine unusable.
+        An exception raised in user code (model_fn, loss_fn, data_fn) is re-raised as its own type."""
+        timeout = self.options.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            self._fail(f"timed out after {self.options.timeout_s:.0f}s while {what}")
+            raise SyncTimeoutError(f"{what}: no result within timeout_s={self.options.timeout_s:.0f}s") from None
+        except RayActorError as exc:
+            lost = self._dead_actors()
+            self._fail(f"actor(s) {lost or '?'} lost while {what}")
+            raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
+        except RayTaskError as exc:
+            self._fail(f"a task failed while {what}: {type(exc.cause).__name__}: {exc.cause}"[:300])
+            if isinstance(exc.cause, SyncError):
+                raise type(exc.cause)(f"{what}: {exc.cause}") from exc
+            raise exc.as_instanceof_cause() from None
+
+    def _dead_actors(self) -> list[str]:
+        dead = []
+        for name, handle in self.actors.items():
+            try:
+                ray.get(handle.ready.remote(), timeout=2.0)
+            except RayActorError:
+                dead.append(name)
+            except Exception:
+                pass
+        return dead
+
+    def _fail(self, reason: str) -> None:
+        self._broken = reason
+        for handle in self.actors.values():
+            try:
+                handle.discard.remote(reason)
+            except Exception:
+                pass
+
+    # -- timeline ------------------------------------------------------------------------------
+    def record(self, step: int, records: dict[str, list[tuple]]) -> None:
+        self._records.extend(timeline_rows(self.plan, step, records))
+        keep = step - TIMELINE_STEPS_KEPT
+        if self._records and self._records[0]["step"] <= keep:
+            self._records = [r for r in self._records if r["step"] > keep]
+
+    def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
+        rows = [dict(r) for r in self._records if step is None or r["step"] == step]
+        if rows:
+            t0 = min(r["start"] for r in rows)
+            for r in rows:
+                r["start"] -= t0
+                r["end"] -= t0
+        return rows

@@ -1,0 +1,437 @@
+"""``casync.Trainer``: data-parallel training on Ray workers, gradients synchronized through a casync plan.
+
+    trainer = casync.Trainer(model_fn, optimizer_fn, loss_fn, data_fn, workers=4, codec="onebit")
+    history = trainer.fit(steps=200)
+    trainer.save("ckpt");  trainer = casync.Trainer.load("ckpt", model_fn, optimizer_fn, loss_fn, data_fn)
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+
+from primitives.codecs import Codec, get_codec
+
+from ..build import BucketChoice, assemble_plan, build_plan
+from ..errors import ReplicaMismatchError
+from ..plan import SyncPlan
+from ..state import EngineState
+from .checkpoint import read_checkpoint, write_checkpoint
+from .engine import StepRefs, TrainEngine
+from .options import TRAIN_BUCKET_BYTES, TrainOptions
+from .records import History, StepRecord
+
+
+def lossless_twin(plan: SyncPlan) -> SyncPlan:
+    """The same buckets, strategies and partitions with codec ``none``: the plan of a full-precision step.
+    Its node ids equal the plan's, so both share one timeline and one set of residual keys."""
+    groups = [(b.name, [m.spec for m in b.members]) for b in plan.buckets]
+    choices = [BucketChoice(strategy=b.strategy, codec=get_codec(None), partitions=len(b.partitions),
+                            two_way=b.two_way, servers=b.servers) for b in plan.buckets]
+    twin = assemble_plan(plan.tensors, plan.workers, groups, choices, error_feedback=plan.options["error_feedback"],
+                         op=plan.options["op"], options=dict(plan.options, codec=("none", {})))
+    if set(twin.graph.nodes) != set(plan.graph.nodes) or any(
+            a.partitions != b.partitions for a, b in zip(twin.buckets, plan.buckets)):
+        raise ValueError("full_sync_every: the uncompressed twin of this plan has a different structure")
+    return twin
+
+
+def _codec_to_json(codec: Any) -> Any:
+    if codec is None or isinstance(codec, str):
+        return codec
+    if isinstance(codec, list):
+        return [_codec_to_json(c) for c in codec]
+    name, params = get_codec(codec).spec()
+    return {"name": name, "params": params}
+
+
+def _codec_from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        return (value["name"], value["params"])
+    if isinstance(value, list):
+        return [_codec_from_json(v) for v in value]
+    return value
+
+
+def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of ``[start, end]`` covered by the union of ``intervals``."""
+    total, cursor = 0.0, start
+    for a, b in sorted(intervals):
+        a, b = max(a, cursor), min(b, end)
+        if b > a:
+            total += b - a
+            cursor = b
+    return total
+
+
+class Trainer:
+    """Train a PyTorch model data-parallel on Ray workers, synchronizing gradients through a casync plan.
+
+    * ``model_fn() -> nn.Module`` is called on every worker (and once on the driver for the plan) under the
+      same seed, so every replica starts identical.  ``optimizer_fn(params) -> Optimizer``;
+      ``loss_fn(model, batch) -> scalar loss``; ``data_fn(rank, world_size) -> iterable of batches``, this
+      worker's shard.  All four are shipped to the workers (cloudpickle).
+    * ``workers``, ``strategy``, ``codec`` and ``**plan_options`` go to :func:`casync.build_plan` (so
+      ``strategy="auto"``/``codec="auto"`` with ``cluster=...`` use the planner).  ``bucket_bytes`` defaults
+      to 1 MiB here, so late layers get buckets of their own and sync while backward continues.
+    * ``address``: ``None`` starts (or reuses) an embedded local Ray; ``"auto"`` / ``"ray://..."`` joins one.
+    * The keyword-only training options are documented on :class:`~casync.training.options.TrainOptions`.
+
+    Each worker actor holds a replica and its shard; autograd hooks hand each bucket's gradient to the
+    bucket's sync tasks as soon as backward produces it; the synchronized gradient is applied by the
+    worker's own optimizer.  Parameters are hashed every ``check_every`` steps: replicas that differ raise
+    :class:`casync.ReplicaMismatchError`.  Failures raise :class:`casync.SyncError` subclasses (or the
+    exception your function raised) within ``timeout_s``; the trainer is unusable afterwards — ``load`` the
+    last checkpoint.
+    """
+
+    def __init__(self, model_fn: Callable[[], torch.nn.Module], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
+                 loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], data_fn: Callable[[int, int], Iterable],
+                 workers: int = 4, strategy: str | list = "ring", codec: str | tuple | Codec | list | None = "onebit",
+                 address: str | None = None, *, seed: int = 0, momentum_correction: float | None = None,
+                 momentum_masking: bool = False, warmup_steps: int = 0, warmup_start_ratio: float = 0.25,
+                 delayed_update: bool = False, full_sync_every: int | None = None, check_every: int = 10,
+                 timeout_s: float = 120.0, torch_threads: int = 1, deterministic: bool = True,
+                 cpus_per_worker: float = 1.0, placement: str = "spread", progress: bool = True,
+                 **plan_options: Any):
+        for label, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn), ("loss_fn", loss_fn),
+                          ("data_fn", data_fn)):
+            if not callable(fn):
+                raise TypeError(f"{label} must be callable, got {type(fn).__name__}")
+        self.options = TrainOptions(
+            seed=seed, momentum_correction=momentum_correction, momentum_masking=momentum_masking,
+            warmup_steps=warmup_steps, warmup_start_ratio=warmup_start_ratio, delayed_update=delayed_update,
+            full_sync_every=full_sync_every, check_every=check_every, timeout_s=timeout_s,
+            torch_threads=torch_threads, deterministic=deterministic, cpus_per_worker=cpus_per_worker,
+            placement=placement)
+        self.progress = bool(progress)
+        self._fns = (model_fn, optimizer_fn, loss_fn, data_fn)
+        plan_options = dict(plan_options)
+        plan_options.setdefault("bucket_bytes", TRAIN_BUCKET_BYTES)
+        probe = self._probe(model_fn, optimizer_fn)
+        self.plan = build_plan(probe, workers=workers, strategy=strategy, codec=codec, seed=seed, **plan_options)
+        warmup = self._codec_options()
+        full_plan = lossless_twin(self.plan) if self.options.full_sync_every else None
+        self._config = self._json_config(workers, strategy, codec, plan_options)
+        layout = [(m.spec.name, m.spec.shape, b.name, m.offset) for b in self.plan.buckets for m in b.members]
+        self.step = 0
+        self.history = History()
+        self._pending: StepRefs | None = None
+        self._engine = TrainEngine(self.plan, full_plan, layout, self._fns, self.options, warmup, address)
+        try:
+            self.check_replicas()  # model_fn must build the same model on every worker
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction helpers ------------------------------------------------------------------
+    def _probe(self, model_fn: Callable, optimizer_fn: Callable) -> torch.nn.Module:
+        """Build the model once on the driver (for the plan) and check what the functions return."""
+        with torch.random.fork_rng():
+            torch.manual_seed(self.options.seed)
+            model = model_fn()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
+        optimizer = optimizer_fn(model.parameters())
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer_fn must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if self.options.momentum_correction is not None and any(g.get("momentum") for g in optimizer.param_groups):
+            raise ValueError("momentum_correction applies momentum before compression; optimizer_fn's optimizer "
+                             "has momentum of its own (it would be applied twice): use momentum=0")
+        return model
+
+    def _codec_options(self) -> dict[str, Codec]:
+        """Check the DGC options against the plan's codecs; returns the codecs the warm-up thins out."""
+        sparse = {key: c for key, c in self.plan.codecs.items() if c.sparse}
+        used = {b.name: b.codec for b in self.plan.buckets}
+        if self.options.momentum_masking:
+            dense = [f"{name} ({c})" for name, c in used.items() if not c.sparse]
+            if dense:
+                raise ValueError(f"momentum_masking needs sparse codecs (topk, randomk); bucket(s) {dense[:3]} "
+                                 "use dense ones")
+            if not self.plan.options["error_feedback"]:
+                raise ValueError("momentum_masking reads the sent coordinates off error-feedback residuals: "
+                                 "error_feedback must be on")
+        if self.options.warmup_steps:
+            unusable = [str(c) for c in sparse.values() if not hasattr(c, "ratio")]
+            if not sparse or unusable:
+                raise ValueError(f"warmup_steps needs a sparse codec with a ratio (topk, randomk); the plan uses "
+                                 f"{sorted({str(c) for c in used.values()})}")
+            return sparse
+        return {}
+
+    def _json_config(self, workers: int, strategy: Any, codec: Any, plan_options: dict[str, Any]) -> dict[str, Any]:
+        """What ``load`` needs to rebuild this trainer; options that are not JSON (a ClusterModel, a Profile)
+        are left out and must be passed to ``load`` again."""
+        kept, dropped = {}, []
+        for key, value in plan_options.items():
+            try:
+                json.dumps(value)
+                kept[key] = value
+            except TypeError:
+                dropped.append(key)
+        return {"workers": workers, "strategy": strategy, "codec": _codec_to_json(codec), "plan_options": kept,
+                "not_saved": dropped, "options": self.options.to_dict()}
+
+    # -- training --------------------------------------------------------------------------------
+    @property
+    def workers(self) -> int:
+        return self.plan.workers
+
+    def _steps_for(self, steps: int | None, epochs: int | None) -> int:
+        if (steps is None) == (epochs is None):
+            raise ValueError("fit needs exactly one of steps= or epochs=")
+        count = steps if steps is not None else epochs
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"{'steps' if steps is not None else 'epochs'} must be a non-negative int, got {count!r}")
+        if steps is not None:
+            return steps
+        lengths = self._engine.call("data_length")
+        if any(n is None for n in lengths):
+            raise ValueError("epochs= needs data_fn to return iterables with len(); pass steps= instead")
+        per_epoch = min(lengths)
+        if per_epoch == 0:
+            raise ValueError(f"a worker's data shard has no batches (lengths {lengths})")
+        return epochs * per_epoch
+
+    def fit(self, steps: int | None = None, epochs: int | None = None, progress: bool | None = None) -> History:
+        """Train ``steps`` steps (or ``epochs`` passes over the shortest shard); returns their records.
+
+        Records accumulate in ``trainer.history`` too.  With ``delayed_update`` the last step's update stays
+        in flight (applied during the next ``fit``; ``model()`` and ``save()`` account for it)."""
+        from tqdm.auto import tqdm
+
+        self._engine.check_usable()
+        n = self._steps_for(steps, epochs)
+        out = History()
+        show = self.progress if progress is None else progress
+        with tqdm(total=n, disable=not show, desc=f"casync fit ({self.plan.workers} workers)", unit="step") as bar:
+            for _ in range(n):
+                for record in self._one_step():
+                    out.append(record)
+                    bar.set_postfix(loss=f"{record.loss:.4f}", sync_ms=f"{record.sync_s * 1e3:.1f}",
+                                    hidden=f"{record.hidden_fraction:.0%}", refresh=False)
+                bar.update(1)
+            if self._pending is not None and not self._pending.recorded:
+                out.append(self._record_pending())
+        self.history.extend(out)
+        return out
+
+    def _is_full(self, step: int) -> bool:
+        k = self.options.full_sync_every
+        return bool(k) and (step + 1) % k == 0
+
+    def _check_step(self, step: int) -> bool:
+        return (step + 1) % self.options.check_every == 0
+
+    def _one_step(self) -> list[StepRecord]:
+        engine = self._engine
+        t = self.step
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.options.timeout_s
+        if not self.options.delayed_update:
+            refs = engine.start_step(t, self._is_full(t))
+            applied = engine.apply(refs, refs.train, self._check_step(t))
+            refs.stats = dict(zip(engine.workers, engine.get(list(refs.train.values()), f"computing step {t}",
+                                                             deadline)))
+            finished = engine.get(list(refs.finish.values()), f"synchronizing step {t}", deadline)
+            updates = engine.get(list(applied.values()), f"applying step {t}", deadline)
+            updates = dict(zip(engine.workers, updates))
+            self.step += 1
+            refs.wall = time.perf_counter() - start
+            record = self._record(refs, dict(zip(engine.actors, finished)), updates, None)
+            self._compare_hashes(t, updates)
+            return [record]
+        prev = self._pending
+        refs = engine.start_step(t, self._is_full(t), after=prev.finish if prev is not None and prev.finish else None)
+        refs.stats = dict(zip(engine.workers, engine.get(list(refs.train.values()), f"computing step {t}", deadline)))
+        records = []
+        if prev is not None:  # step t-1's update, applied now that step t has its gradients
+            applied = engine.apply(prev, refs.train, self._check_step(prev.step))
+            updates = dict(zip(engine.workers, engine.get(list(applied.values()), f"applying step {prev.step}",
+                                                          deadline)))
+            if not prev.recorded:
+                finished = engine.get(list(prev.finish.values()), f"synchronizing step {prev.step}", deadline)
+                records.append(self._record(prev, dict(zip(engine.actors, finished)), updates, refs.stats))
+            self._compare_hashes(prev.step, updates)
+        self._pending = refs
+        self.step += 1
+        refs.wall = time.perf_counter() - start
+        return records
+
+    def _record_pending(self) -> StepRecord:
+        """The record of a delayed step whose update is still in flight (its sync has finished)."""
+        refs = self._pending
+        finished = self._engine.get(list(refs.finish.values()), f"synchronizing step {refs.step}")
+        return self._record(refs, dict(zip(self._engine.actors, finished)), None, None)
+
+    def _record(self, refs: StepRefs, finished: dict[str, dict], updates: dict[str, dict] | None,
+                next_stats: dict[str, dict] | None) -> StepRecord:
+        """Per-step statistics from the workers' op and compute intervals; also feeds the timeline."""
+        syncs, exposed, computes, rows = [], [], [], {}
+        for w in self._engine.workers:
+            compute = refs.stats[w]["compute"]
+            ops = finished[w]["records"]
+            rows[w] = list(ops) + list(compute) + ([updates[w]["update"]] if updates else [])
+            busy = [(r[3], r[4]) for r in compute] + ([(r[3], r[4]) for r in next_stats[w]["compute"]]
+                                                      if next_stats else [])
+            computes.append(compute[-1][4] - compute[0][3])
+            if ops:
+                s0, s1 = min(r[3] for r in ops), max(r[4] for r in ops)
+                syncs.append(s1 - s0)
+                exposed.append(s1 - s0 - _covered(s0, s1, busy))
+        for name in self._engine.actors:
+            rows.setdefault(name, list(finished[name]["records"]))
+        self._engine.record(refs.step, rows)
+        sync_s = float(np.mean(syncs)) if syncs else 0.0
+        exposed_s = float(np.mean(exposed)) if exposed else 0.0
+        sent = sum(f["sent"] for f in finished.values())
+        raw = sum(f["raw"] for f in finished.values())
+        samples = sum(s["samples"] for s in refs.stats.values())
+        wall = refs.wall
+        refs.recorded = True
+        return StepRecord(
+            step=refs.step, loss=float(np.mean([s["loss"] for s in refs.stats.values()])), samples=samples,
+            step_s=wall, throughput=samples / wall if wall else float("nan"), compute_s=float(np.mean(computes)),
+            sync_s=sync_s, exposed_sync_s=exposed_s, hidden_fraction=1 - exposed_s / sync_s if sync_s else 0.0,
+            bytes_sent=sent, raw_bytes=raw, compression_ratio=raw / sent if sent else float("nan"),
+            full_precision=refs.full, density=refs.stats[self._engine.workers[0]]["density"],
+            replicas_checked=bool(updates) and any(u["hash"] is not None for u in updates.values()))
+
+    # -- replicas ------------------------------------------------------------------------------------
+    def _compare_hashes(self, step: int | str, updates: dict[str, dict]) -> None:
+        hashes = {w: u["hash"] for w, u in updates.items() if u.get("hash") is not None}
+        groups: dict[int, list[str]] = {}
+        for w, h in hashes.items():
+            groups.setdefault(h, []).append(w)
+        if len(groups) > 1:
+            majority = max(groups.values(), key=len)
+            odd = sorted(w for ws in groups.values() if ws is not majority for w in ws)
+            when = f"after step {step}" if isinstance(step, int) else step
+            self._engine._fail(f"replicas diverged {when}")
+            raise ReplicaMismatchError(
+                f"{when}: worker(s) {odd} hold parameters different from {majority} "
+                f"(CRC-32 {', '.join(f'{w}={h:08x}' for w, h in sorted(hashes.items()))}); replicas must stay "
+                "bit-identical (non-deterministic model_fn, or parameters changed outside the optimizer?)")
+
+    def check_replicas(self) -> int:
+        """Hash every worker's parameters now; raises :class:`ReplicaMismatchError` if they differ."""
+        self._engine.check_usable()
+        hashes = self._engine.call("param_hash")
+        when = "at start" if self.step == 0 else f"at step {self.step}"
+        self._compare_hashes(when, {w: {"hash": h} for w, h in zip(self._engine.workers, hashes)})
+        return hashes[0]
+
+    # -- results and state ------------------------------------------------------------------------------
+    def model(self) -> torch.nn.Module:
+        """Worker 0's model (all replicas are identical), as a fresh module on the driver."""
+        self._engine.check_usable()
+        (state,) = self._engine.call("model_state", actors=["worker:0"])
+        with torch.random.fork_rng():
+            model = self._fns[0]()
+        model.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()})
+        return model
+
+    def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
+        """Measured op records (sync ops, forward, backward, update) of the last 16 steps, seconds from the
+        first record of the selection."""
+        return self._engine.timeline(step)
+
+    def draw_timeline(self, path: str, step: int | None = None) -> str:
+        """A Gantt chart PNG of :meth:`timeline`, one lane per actor."""
+        from ..drawing import draw_gantt
+
+        label = "all recorded steps" if step is None else f"step {step}"
+        return draw_gantt(self.timeline(step), path, title=f"Trainer measured timeline, {label}: {self.plan!r}",
+                          actors=self.plan.actors)
+
+    def save(self, path: str | Path) -> Path:
+        """Checkpoint everything resuming needs: model, optimizer, error-feedback residuals, momentum buffers,
+        a delayed update in flight, step, RNG states and data positions (see ``casync.training.checkpoint``)."""
+        engine = self._engine
+        engine.check_usable()
+        if self._pending is not None and not self._pending.recorded:
+            self.history.append(self._record_pending())
+        states = engine.get([engine.actors[w].export_state.remote(w == "worker:0") for w in engine.workers],
+                            "exporting worker state")
+        self._compare_hashes(f"when saving at step {self.step}", {w: {"hash": s["hash"]}
+                                                                   for w, s in zip(engine.workers, states)})
+        residuals: dict[str, np.ndarray] = {}
+        for state in states:
+            residuals.update(state["residuals"])
+        servers = [a for a in engine.actors if a not in engine.workers]
+        for part in (engine.call("get_residuals", actors=servers) if servers else []):
+            residuals.update(part)
+        return write_checkpoint(path, step=self.step, config=self._config, param_hash=states[0]["hash"],
+                                states=states, residuals=residuals)
+
+    @classmethod
+    def load(cls, path: str | Path, model_fn: Callable, optimizer_fn: Callable, loss_fn: Callable,
+             data_fn: Callable, **overrides: Any) -> "Trainer":
+        """A trainer restored from :meth:`save`: continuing it gives what continuing the saved one would have
+        (bit-identical under the deterministic settings).  ``overrides``: constructor arguments to change
+        (``address``, ``progress``, ``timeout_s``; planner inputs that were not saved)."""
+        ck = read_checkpoint(path)
+        config = ck.config
+        kwargs = dict(config["options"], workers=config["workers"], strategy=config["strategy"],
+                      codec=_codec_from_json(config["codec"]), **config["plan_options"])
+        kwargs.update(overrides)
+        trainer = cls(model_fn, optimizer_fn, loss_fn, data_fn, **kwargs)
+        try:
+            trainer._restore(ck)
+        except BaseException:
+            trainer.close()
+            raise
+        return trainer
+
+    def _restore(self, ck: Any) -> None:
+        import ray
+
+        engine = self._engine
+        if len(ck.workers) != self.plan.workers:
+            raise ValueError(f"the checkpoint holds {len(ck.workers)} workers' state; this trainer has "
+                             f"{self.plan.workers} workers")
+        EngineState.from_dict(self.plan, {"version": 1, "step": ck.step, "workers": self.plan.workers,
+                                          "residuals": ck.residuals})  # validates every residual against the plan
+        if ck.pending_step is not None and not self.options.delayed_update:
+            raise ValueError("the checkpoint holds a delayed update in flight; load it with delayed_update=True")
+        owner = {a["ef_key"]: a["actor"] for _, a in self.plan.graph.nodes(data=True) if a["op"] == "encode" and a["ef"]}
+        by_actor: dict[str, dict[str, np.ndarray]] = {name: {} for name in engine.actors}
+        for key, value in ck.residuals.items():
+            by_actor[owner[key]][key] = value
+        common = ray.put({"model": ck.model, "optimizer": ck.optimizer, "pending_step": ck.pending_step,
+                          "pending_results": ck.pending_results})
+        refs = [engine.actors[w].import_state.remote(common, dict(ck.workers[r], residuals=by_actor[w]))
+                for r, w in enumerate(engine.workers)]
+        hashes = engine.get(refs, "restoring worker state")
+        servers = [a for a in engine.actors if a not in engine.workers]
+        if servers:
+            engine.get([engine.actors[s].set_residuals.remote(by_actor[s]) for s in servers], "restoring servers")
+        if any(h != ck.param_hash for h in hashes):
+            engine._fail("restored parameters differ from the checkpoint's")
+            raise ReplicaMismatchError(f"restored parameters hash {sorted(set(hashes))}, the checkpoint recorded "
+                                       f"{ck.param_hash}: model_fn builds a model whose state does not round-trip")
+        self.step = ck.step
+        if ck.pending_step is not None:
+            self._pending = StepRefs(step=ck.pending_step, full=False, train={}, finish={}, recorded=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the worker actors (and the embedded Ray if this trainer started it)."""
+        engine = getattr(self, "_engine", None)
+        if engine is not None:
+            engine.close()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Trainer(workers={self.plan.workers}, step={self.step}, plan={self.plan!r}, "
+                f"delayed_update={self.options.delayed_update})")

@@ -1,0 +1,510 @@
+"""The Ray actors of a Trainer.
+
+A :class:`TrainWorker` holds a model replica, its optimizer and its data shard, and runs its share of the
+sync plan itself: autograd hooks copy each parameter's gradient into its bucket as back-propagation produces
+it, and a bucket's fused sync tasks start as soon as the whole bucket is in, while backward continues on
+earlier layers.  Sync tasks arrive on a pool of Ray threads (the ``sync`` concurrency group) that only wait;
+the encode/decode/merge work itself runs on one compression thread, off the thread that computes.
+Training calls (``train_step``, ``apply``, state) run one at a time in the default group.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import random
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import ray
+import torch
+
+from primitives.codecs import Codec, payload_nbytes
+
+from ..errors import SyncError, SyncTimeoutError
+from ..runtime.program import FusedTask
+from ..runtime.ray_actor import SyncActor
+from .dgc import MomentumCorrection, warmup_ratio
+from .options import TrainOptions
+
+SYNC_GROUP = "sync"
+
+#: Where one trained parameter lives: (name, shape, bucket, offset) in backward order.
+Layout = list[tuple[str, tuple[int, ...], str, int]]
+
+
+@dataclass
+class _Step:
+    """One step's synchronization on one actor: its SyncActor core and the gradient-readiness bookkeeping."""
+
+    step: int
+    core: SyncActor | None
+    grads: dict[str, np.ndarray]
+    remaining: dict[str, int]  # bucket -> members whose gradient has not arrived yet
+    filled: set[str] = field(default_factory=set)
+    fresh: bool = True  # no op ran yet: error-feedback residuals are taken at the first one
+    failed: str | None = None
+    finished: bool = False
+    sent: int = 0
+    raw: int = 0
+    results: dict[str, np.ndarray] | None = None
+    compute: list[tuple] = field(default_factory=list)
+
+
+class StepSyncActor:
+    """Runs one actor's fused sync tasks step by step (a PS server of a Trainer uses it as is).
+
+    Each step gets its own :class:`~casync.runtime.ray_actor.SyncActor` core, so step t's sync can finish
+    while step t+1's gradients are being produced.  Residuals commit when a step finishes; the next step's
+    ops read them at their first op (the driver orders that first op after the commit).
+    """
+
+    def __init__(self, name: str, tasks: list[FusedTask], codecs: dict[str, Codec], plan_seed: int,
+                 partitions: dict[str, list[tuple[int, int]]], timeout_s: float):
+        self.name = name
+        self._tasks = tasks
+        self._task_by_id = {t.id: t for t in tasks}
+        self._needs_local = {t.id for t in tasks if any(s.attrs.get("local_input") for s in t.steps)}
+        self._codecs = dict(codecs)
+        self._plan_seed = plan_seed
+        self._partitions = partitions
+        self._timeout_s = timeout_s
+        self.residuals: dict[str, np.ndarray] = {}
+        self._steps: dict[int, _Step] = {}
+        self._cond = threading.Condition()
+        self._broken: str | None = None
+        self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="casync-compress")
+
+    def ready(self) -> str:
+        return self.name
+
+    # -- a step's synchronization ---------------------------------------------------
+    def _open(self, step: int, grads: dict[str, np.ndarray], remaining: dict[str, int],
+              codecs: dict[str, Codec] | None = None) -> _Step:
+        core = SyncActor(self.name, self._tasks, codecs or self._codecs, self._plan_seed, self._partitions)
+        core.grads = grads
+        st = _Step(step, core, grads, remaining)
+        with self._cond:
+            if self._broken:
+                raise SyncError(f"{self.name}: {self._broken}")
+            if step in self._steps:
+                raise SyncError(f"{self.name}: step {step} started twice")
+            self._steps[step] = st
+            self._cond.notify_all()
+        return st
+
+    def begin(self, step: int, *after: Any) -> None:
+        """Open ``step`` on an actor without gradients of its own (a PS server)."""
+        self._open(step, {}, {})
+
+    def _wait_for(self, step: int, bucket: str | None) -> _Step:
+        """Block until ``step`` is open and, when ``bucket`` is given, this actor's gradient of it is in."""
+        deadline = time.monotonic() + self._timeout_s
+        with self._cond:
+            while True:
+                if self._broken:
+                    raise SyncError(f"{self.name}: {self._broken}")
+                st = self._steps.get(step)
+                if st is not None:
+                    if st.failed:
+                        raise SyncError(f"{self.name}, step {step}: {st.failed}")
+                    if bucket is None or st.remaining.get(bucket, 0) == 0:
+                        return st
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    what = f"step {step} to start" if st is None else f"its gradient of bucket {bucket!r} in step {step}"
+                    raise SyncTimeoutError(f"{self.name}: waited {self._timeout_s:.0f}s for {what}")
+                self._cond.wait(left)
+
+    @ray.method(concurrency_group=SYNC_GROUP)
+    def run(self, step: int, task_id: int, n_after: int, *args: Any) -> Any:
+        """A fused sync task: wait (on a Ray thread) for the step and local gradients, compute on the
+        compression thread."""
+        task = self._task_by_id[task_id]
+        st = self._wait_for(step, task.tensor if task_id in self._needs_local else None)
+        return self._compressor.submit(self._run_ops, st, task, step, n_after, args).result()
+
+    def _run_ops(self, st: _Step, task: FusedTask, step: int, n_after: int, args: tuple) -> Any:
+        if st.fresh:
+            st.core.pending = dict(self.residuals)
+            st.fresh = False
+        out = st.core.run(step, task.id, n_after, *args)
+        if task.outputs:
+            st.sent += sum(payload_nbytes(p) for p in out[:-1])
+            st.raw += sum(4 * s.attrs["numel"] for s in task.steps if s.attrs["op"] == "send")
+        return out
+
+    @ray.method(concurrency_group=SYNC_GROUP)
+    def finish(self, step: int, *tokens: Any) -> dict[str, Any]:
+        """After every task of ``step`` on this actor: commit residuals, keep the results, report the ops."""
+        with self._cond:
+            st = self._steps.get(step)
+        if st is None:
+            raise SyncError(f"{self.name}: step {step} finished without having started")
+        records = self._compressor.submit(self._finish_ops, st).result()
+        self._finished(st)
+        return {"records": records, "sent": st.sent, "raw": st.raw}
+
+    def _finish_ops(self, st: _Step) -> list[tuple]:
+        results, records, _ = st.core.collect(st.step)  # NaN/Inf reports: not used by the trainer yet
+        if not st.fresh:
+            self.residuals = st.core.residuals
+        st.results, st.finished, st.core = results, True, None
+        return records
+
+    def _finished(self, st: _Step) -> None:
+        with self._cond:  # a server has nothing to apply: the step is done
+            self._steps.pop(st.step, None)
+
+    def discard(self, reason: str = "the driver gave up on this step after a failure elsewhere") -> None:
+        """Fail every open step (tasks waiting on them raise at once); the actor is unusable afterwards."""
+        with self._cond:
+            self._broken = reason
+            for st in self._steps.values():
+                st.failed = reason
+            self._cond.notify_all()
+
+    def get_residuals(self) -> dict[str, np.ndarray]:
+        return self.residuals
+
+    def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
+        self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
+
+
+# -- RNG state as plain data (JSON-able: checkpoints hold no pickles) ------------------------
+def rng_state() -> dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state().tolist(), "numpy": [name, keys.tolist(), int(pos), int(has_gauss),
+                                                                float(cached)],
+            "python": [version, list(internal), gauss_next]}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, NumPy's global RNG and Python's ``random`` from one integer."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def worker_seed(seed: int, rank: int) -> int:
+    """A per-worker seed (dropout, shuffling) derived from the run's seed."""
+    return int(np.random.SeedSequence([seed, rank + 1]).generate_state(1, np.uint32)[0])
+
+
+def to_numpy_tree(obj: Any) -> Any:
+    """Tensors -> NumPy arrays inside nested dicts/lists (NumPy moves through Ray ~25x faster)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().numpy().copy()
+    if isinstance(obj, dict):
+        return {k: to_numpy_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_numpy_tree(v) for v in obj)
+    return obj
+
+
+def to_torch_tree(obj: Any) -> Any:
+    """The inverse of :func:`to_numpy_tree`."""
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.array(obj, copy=True))
+    if isinstance(obj, dict):
+        return {k: to_torch_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_torch_tree(v) for v in obj)
+    return obj
+
+
+def batch_size(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor (1 when there is none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            if isinstance(item, (torch.Tensor, np.ndarray)) and item.ndim:
+                return int(item.shape[0])
+    return 1
+
+
+class TrainWorker(StepSyncActor):
+    """One data-parallel worker: model replica, optimizer, data shard, and its share of every sync."""
+
+    def __init__(self, name: str, rank: int, world_size: int, tasks: list[FusedTask], codecs: dict[str, Codec],
+                 plan_seed: int, partitions: dict[str, list[tuple[int, int]]], layout: Layout,
+                 fns: tuple[Callable, Callable, Callable, Callable], options: TrainOptions,
+                 warmup: dict[str, Codec]):
+        super().__init__(name, tasks, codecs, plan_seed, partitions, options.timeout_s)
+        self.rank, self.world_size, self.options = rank, world_size, options
+        self._warmup = warmup
+        self._init_error: BaseException | None = None
+        try:
+            self._setup(layout, fns)
+        except Exception as exc:  # reported by ready(): a failed constructor would only say "actor died"
+            self._init_error = exc
+
+    def _setup(self, layout: Layout, fns: tuple[Callable, Callable, Callable, Callable]) -> None:
+        model_fn, optimizer_fn, loss_fn, data_fn = fns
+        torch.set_num_threads(self.options.torch_threads)
+        torch.use_deterministic_algorithms(self.options.deterministic)
+        seed_everything(self.options.seed)  # the same initial model on every worker
+        self.model = model_fn()
+        self._model_fn, self._optimizer_fn, self.loss_fn = model_fn, optimizer_fn, loss_fn
+        params = dict(self.model.named_parameters())
+        built = {n: tuple(p.shape) for n, p in params.items() if p.requires_grad}
+        expected = {name: shape for name, shape, _, _ in layout}
+        if built != expected:
+            diff = sorted(set(built.items()) ^ set(expected.items()))[:4]
+            raise ValueError(f"worker {self.rank}: model_fn built trainable parameters that differ from the "
+                             f"driver's model (name, shape) in {diff}; model_fn must build the same model every call")
+        seed_everything(worker_seed(self.options.seed, self.rank))
+        self.optimizer = optimizer_fn(self.model.parameters())
+        self.data = data_fn(self.rank, self.world_size)
+        self._iter: Any = None
+        self.epoch, self.index = 0, 0
+        self._epoch_rng: dict[str, Any] | None = None
+        self._slots = {name: (bucket, offset, offset + int(np.prod(shape, dtype=np.int64)))
+                       for name, shape, bucket, offset in layout}
+        self._trained = [(name, params[name]) for name, _, _, _ in layout]
+        self._bucket_numel = {b: parts[-1][1] for b, parts in self._partitions.items()}
+        self._bucket_members: dict[str, list[str]] = {}
+        for name, _, bucket, _ in layout:
+            self._bucket_members.setdefault(bucket, []).append(name)
+        self._momentum = (MomentumCorrection(self.options.momentum_correction, dict(self._trained))
+                          if self.options.momentum_correction is not None else None)
+        self._current: _Step | None = None
+        for name, p in self._trained:
+            p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, name))
+
+    def ready(self) -> str:
+        if self._init_error is not None:
+            raise self._init_error
+        return self.name
+
+    def data_length(self) -> int | None:
+        try:
+            return len(self.data)
+        except TypeError:
+            return None
+
+    # -- one training step ------------------------------------------------------------------
+    def _codecs_for(self, step: int, full: bool) -> tuple[dict[str, Codec], float | None]:
+        """This step's codecs: sparse ones thinned out along the warm-up schedule."""
+        codecs = dict(self._codecs)
+        density = None
+        for key, codec in self._warmup.items():
+            density = warmup_ratio(step, codec.ratio, self.options.warmup_start_ratio, self.options.warmup_steps)
+            codecs[key] = type(codec)(**dict(codec.params(), ratio=density))
+        return codecs, (None if full else density)
+
+    def train_step(self, step: int, full: bool, *after: Any) -> dict[str, Any]:
+        """Forward and backward on the next batch; gradients flow into the buckets (and their syncs) as
+        autograd produces them."""
+        codecs, density = self._codecs_for(step, full)
+        grads = {b: np.empty(n, np.float32) for b, n in self._bucket_numel.items()}
+        st = self._open(step, grads, {b: len(m) for b, m in self._bucket_members.items()}, codecs)
+        self._current = st
+        try:
+            batch = self._next_batch()
+            self.optimizer.zero_grad(set_to_none=True)
+            f0 = time.time()
+            loss = self.loss_fn(self.model, batch)
+            if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
+                got = f"{type(loss).__name__} {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else repr(loss)
+                raise TypeError(f"worker {self.rank}, step {step}: loss_fn must return a scalar floating-point "
+                                f"tensor, got {got[:80]}")
+            if not loss.requires_grad:
+                raise ValueError(f"worker {self.rank}, step {step}: the loss does not depend on any trainable "
+                                 "parameter (loss.requires_grad is False)")
+            f1 = time.time()
+            loss.backward()
+            b1 = time.time()
+            for name, _ in self._trained:  # parameters that got no gradient this step contribute zeros
+                if name not in st.filled:
+                    self._deliver(st, name, None)
+        except BaseException as exc:
+            with self._cond:
+                st.failed = f"worker {self.rank} failed computing step {step}: {type(exc).__name__}: {exc}"
+                self._cond.notify_all()
+            raise
+        finally:
+            self._current = None
+        st.compute = [("forward", "", -1, f0, f1, 0, ""), ("backward", "", -1, f1, b1, 0, "")]
+        return {"loss": float(loss.detach()), "samples": batch_size(batch), "compute": st.compute,
+                "density": density}
+
+    def _next_batch(self) -> Any:
+        if self._iter is None:
+            self._start_epoch()
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            if self.index == 0:
+                raise ValueError(f"worker {self.rank}: data_fn({self.rank}, {self.world_size}) yielded no "
+                                 "batches") from None
+            self.epoch += 1
+            self._start_epoch()
+            batch = next(self._iter)
+        self.index += 1
+        return batch
+
+    def _start_epoch(self) -> None:
+        """A new pass over the shard; the RNG state at this moment fixes its batch order (shuffling)."""
+        self._epoch_rng = rng_state()
+        self._iter = iter(self.data)
+        self.index = 0
+
+    def _on_grad(self, name: str, param: torch.Tensor) -> None:
+        st = self._current
+        if st is not None:  # a backward pass outside train_step has nothing to sync
+            self._deliver(st, name, param.grad)
+
+    def _deliver(self, st: _Step, name: str, grad: torch.Tensor | None) -> None:
+        """Put one parameter's gradient (momentum-corrected if asked) into its bucket; a full bucket wakes
+        the sync tasks waiting for it."""
+        if name in st.filled:
+            raise RuntimeError(f"worker {self.rank}, step {st.step}: parameter {name!r} received a second "
+                               "gradient in one step; loss_fn must not call backward itself")
+        bucket, start, stop = self._slots[name]
+        value = self._momentum.correct(name, grad) if self._momentum is not None else grad
+        target = torch.from_numpy(st.grads[bucket][start:stop])
+        if value is None:
+            target.zero_()
+        else:
+            target.copy_(value.detach().reshape(-1))
+        st.filled.add(name)
+        with self._cond:
+            st.remaining[bucket] -= 1
+            if st.remaining[bucket] == 0:
+                self._cond.notify_all()
+
+    def _finished(self, st: _Step) -> None:
+        pass  # a worker keeps the finished step until apply() uses its results
+
+    def apply(self, step: int, check: bool, *after: Any) -> dict[str, Any]:
+        """Apply step ``step``'s synchronized gradients with the optimizer; optionally hash the parameters."""
+        with self._cond:
+            st = self._steps.get(step)
+            if st is None or not st.finished:
+                raise SyncError(f"{self.name}: apply of step {step}, whose sync has not finished")
+            del self._steps[step]
+        u0 = time.time()
+        self._set_grads(self._trained, st.results)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.options.momentum_masking:
+            self._mask_momentum()
+        u1 = time.time()
+        return {"update": ("update", "", -1, u0, u1, 0, ""), "hash": self.param_hash() if check else None}
+
+    def _set_grads(self, params: list[tuple[str, torch.Tensor]], results: dict[str, np.ndarray]) -> None:
+        for name, p in params:
+            bucket, start, stop = self._slots[name]
+            g = torch.from_numpy(results[bucket][start:stop]).view(p.shape)
+            p.grad = g.to(device=p.device, dtype=p.dtype)
+
+    def _mask_momentum(self) -> None:
+        """Zero the corrected momentum where this worker's residual is zero: what it accumulated was sent."""
+        for bucket, parts in self._partitions.items():
+            sent = np.zeros(self._bucket_numel[bucket], dtype=bool)
+            for part, (a, b) in enumerate(parts):
+                residual = self.residuals.get(f"{self.name}/{bucket}/{part}")
+                if residual is not None:
+                    np.equal(residual, 0, out=sent[a:b])
+            for name in self._bucket_members[bucket]:
+                _, start, stop = self._slots[name]
+                self._momentum.mask(name, sent[start:stop])
+
+    # -- inspection and state ------------------------------------------------------------------
+    def param_hash(self) -> int:
+        """CRC-32 over every parameter's bytes (trainable or not), in registration order."""
+        crc = 0
+        for p in self.model.parameters():
+            crc = zlib.crc32(np.ascontiguousarray(p.detach().cpu().numpy()), crc)
+        return crc
+
+    def _pending(self) -> _Step | None:
+        with self._cond:
+            done = [st for st in self._steps.values() if st.finished]
+        return done[0] if done else None
+
+    def model_state(self) -> dict[str, np.ndarray]:
+        """The model's state dict as NumPy arrays; with a delayed update still pending, as it will be once
+        applied (computed on a copy, so training continues exactly as it would have)."""
+        model = self.model
+        pending = self._pending()
+        if pending is not None:
+            saved = rng_state()
+            model = self._model_fn()
+            set_rng_state(saved)
+            model.load_state_dict(self.model.state_dict())
+            optimizer = self._optimizer_fn(model.parameters())
+            optimizer.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
+            params = dict(model.named_parameters())
+            self._set_grads([(name, params[name]) for name, _ in self._trained], pending.results)
+            optimizer.step()
+        return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+    def momentum_buffers(self) -> dict[str, np.ndarray]:
+        return self._momentum.state_dict() if self._momentum is not None else {}
+
+    def export_state(self, include_model: bool) -> dict[str, Any]:
+        """Everything a checkpoint needs from this worker (model and optimizer only when asked: they are the
+        same on every worker)."""
+        pending = self._pending()
+        state: dict[str, Any] = {
+            "rank": self.rank, "hash": self.param_hash(), "residuals": dict(self.residuals),
+            "momentum": self.momentum_buffers(), "rng": rng_state(),
+            "data": {"epoch": self.epoch, "index": self.index, "epoch_rng": self._epoch_rng},
+            "pending_step": pending.step if pending is not None else None,
+        }
+        if include_model:
+            state["model"] = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+            state["optimizer"] = to_numpy_tree(self.optimizer.state_dict())
+            state["pending_results"] = pending.results if pending is not None else None
+        return state
+
+    def import_state(self, common: dict[str, Any], own: dict[str, Any]) -> int:
+        """Restore a checkpoint: ``common`` (model, optimizer, a pending update: the same for every worker)
+        and ``own`` (this worker's residuals, momentum, RNG and data position).  Returns the parameter hash."""
+        state = dict(common, **own)
+        self.model.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state["model"].items()})
+        self.optimizer.load_state_dict(to_torch_tree(state["optimizer"]))
+        self.set_residuals(state["residuals"])
+        if self._momentum is not None:
+            self._momentum.load_state_dict(state["momentum"])
+        elif state["momentum"]:
+            raise ValueError("the checkpoint has momentum-correction buffers but momentum_correction is off")
+        data = state["data"]
+        self.epoch, self._epoch_rng = int(data["epoch"]), data["epoch_rng"]
+        self._iter, self.index = None, 0
+        if self._epoch_rng is not None:  # replay the current epoch's batch order up to the saved position
+            set_rng_state(self._epoch_rng)
+            self._iter = iter(self.data)
+            for i in range(int(data["index"])):
+                try:
+                    next(self._iter)
+                except StopIteration:
+                    raise ValueError(f"worker {self.rank}: data_fn yields {i} batches in epoch {self.epoch}, "
+                                     f"fewer than the checkpoint's position {data['index']}") from None
+            self.index = int(data["index"])
+        set_rng_state(state["rng"])
+        with self._cond:
+            self._steps.clear()
+            if state.get("pending_results") is not None:
+                results = {b: np.array(v, dtype=np.float32, copy=True) for b, v in state["pending_results"].items()}
+                self._steps[state["pending_step"]] = _Step(state["pending_step"], None, {}, {}, fresh=False,
+                                                           finished=True, results=results)
+        return self.param_hash()
