@@ -116,7 +116,7 @@ cmd_run() {
     cmd_up "${up_args[@]}" || exit 1
     ray_env
     cd "$REPO" || exit 1
-    ip netns exec csnh "$PY" -m casync.bench.netem_check --nodes "$NETEM_NODES" --out-env "$STATE_DIR/links.env" || exit 1
+    ip netns exec csnh "$PY" benchmarks/netem/check_links.py --nodes "$NETEM_NODES" --out-env "$STATE_DIR/links.env" || exit 1
     ip netns exec csnh "$PY" benchmarks/compare_strategies.py --netem "$STATE_DIR/links.env" "${bench_args[@]}"
 }
 
