@@ -79,6 +79,10 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
         raise SystemExit(f"{prog}: --iters must be >= 1 and --warmup >= 0")
     grid = grid_from_args(args)
     setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
+    if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
+        raise SystemExit(f"{prog}: the gloo/DDP baselines start their ranks on this machine, so against a Ray cluster "
+                         "(--address) they would not share its links; add --baselines none, or use the emulated "
+                         "cluster of benchmarks/netem (--netem)")
     argv = getattr(args, "argv", None)
     if argv is None:  # `casync bench ...`: what follows the subcommand
         argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else sys.argv[1:]
