@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from ._table import format_table, markdown_table
+from ._table import format_table
 
 
 def _codec_arg(text: str) -> str | None:

@@ -117,7 +117,8 @@ cmd_run() {
     ray_env
     cd "$REPO" || exit 1
     ip netns exec csnh "$PY" benchmarks/netem/check_links.py --nodes "$NETEM_NODES" --out-env "$STATE_DIR/links.env" || exit 1
-    ip netns exec csnh "$PY" benchmarks/compare_strategies.py --netem "$STATE_DIR/links.env" "${bench_args[@]}"
+    CASYNC_BENCH_LAUNCH="benchmarks/netem/netem.sh run ${up_args[*]} -- ${bench_args[*]}" \
+        ip netns exec csnh "$PY" benchmarks/compare_strategies.py --netem "$STATE_DIR/links.env" "${bench_args[@]}"
 }
 
 main() {

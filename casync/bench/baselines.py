@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 
-from .workload import exact_mean, model_numel, model_shapes, worker_flat
+from .workload import exact_mean, model_shapes, worker_flat
 
 BASELINES: dict[str, str] = {
     "gloo-tensor": "gloo all_reduce, per tensor",
@@ -145,6 +144,19 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
     return serial
 
 
+def _tx_bytes() -> int | None:
+    """Bytes this rank's network namespace has sent on its gloo interface (None on loopback, which other
+    processes of the machine share)."""
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    if iface == "lo":
+        return None
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, _, fields = line.partition(":")
+        if name.strip() == iface:
+            return int(fields.split()[8])
+    return None
+
+
 def _rank_main(args: argparse.Namespace) -> None:
     import datetime
 
@@ -180,6 +192,8 @@ def _rank_main(args: argparse.Namespace) -> None:
             else:
                 chunks = [work[a:b] for a, b in _buckets(shapes, BUCKET_BYTES)]
             for i in range(warmup + iters):
+                if i == warmup:
+                    tx0 = _tx_bytes()
                 work.copy_(flat)
                 dist.barrier()
                 t0 = time.time()
@@ -216,6 +230,8 @@ def _rank_main(args: argparse.Namespace) -> None:
                 hook = _one_bucket_at_a_time(hook)
             ddp.register_comm_hook(state, _timed_hook(hook, marks))
             for i in range(warmup + iters):
+                if i == warmup:
+                    tx0 = _tx_bytes()
                 ddp.zero_grad(set_to_none=False)
                 before = (state.total_numel_before_compression, state.total_numel_after_compression) if state else None
                 marks.clear()
@@ -230,16 +246,19 @@ def _rank_main(args: argparse.Namespace) -> None:
                     if state is not None:
                         payload = 4 * (state.total_numel_after_compression - before[1])
             reduced = torch.cat([p.grad.reshape(-1) for p in reversed(list(model.weights))])
+        tx1 = _tx_bytes()
+        sent = None if tx0 is None or tx1 is None else (tx1 - tx0) // iters  # barriers included: a few bytes
         gathered: list[Any] = [None] * world
         probe = reduced[:: max(1, numel // 4096)].clone()
         dist.all_gather_object(gathered, {"starts": starts, "ends": ends, "walls": walls,
-                                          "probe": probe.numpy().tobytes(), "payload": payload})
+                                          "probe": probe.numpy().tobytes(), "payload": payload, "sent": sent})
         if rank == 0:
             spans = [max(g["ends"][i] for g in gathered) - min(g["starts"][i] for g in gathered) for i in range(iters)]
             entry = {"sync_s": spans, "backward_s": [max(g["walls"][i] for g in gathered) for i in range(iters)],
                      "payload_bytes": payload, "dense_bytes": 4 * numel,
                      "consistent": all(g["probe"] == gathered[0]["probe"] for g in gathered),
-                     "warmup": warmup}
+                     "warmup": warmup,
+                     "link_bytes": None if any(g["sent"] is None for g in gathered) else sum(g["sent"] for g in gathered)}
             if args.check:
                 exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
                 entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))

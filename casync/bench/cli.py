@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     if argv is None:  # `casync bench ...`: what follows the subcommand
         argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else sys.argv[1:]
     command = " ".join([prog] + [shlex.quote(a) for a in argv])
+    if os.environ.get("CASYNC_BENCH_LAUNCH"):  # started by a wrapper (benchmarks/netem/netem.sh run): say how
+        command = f"{os.environ['CASYNC_BENCH_LAUNCH']}\n# which ran, inside the emulated cluster:\n{command}"
     print(f"{prog}: {len(grid.cells())} casync configurations + baselines {', '.join(grid.baselines) or 'none'} "
           f"({setup.describe()}); {0 if args.no_sim else len(grid.sim_cells())} simulated", file=sys.stderr)
     result = run_bench(grid, setup, iters=args.iters, warmup=args.warmup, seed=args.seed, simulate=not args.no_sim,

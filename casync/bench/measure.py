@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class EngineRun:
     nodes: dict[str, str]
     timeline: list[dict[str, Any]] = field(default_factory=list)  # the median iteration's op records
     tasks: int = 0
+    link_bytes: int | None = None  # bytes that crossed the links between worker nodes, per timed iteration
 
     @property
     def sync_median_s(self) -> float:
@@ -87,12 +88,15 @@ def sync_span(rows: list[dict[str, Any]]) -> float:
 
 
 def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None, *, address: str | None,
-                 iters: int = 3, warmup: int = 1, spread: bool = False, timeout_s: float = 300.0) -> EngineRun:
+                 iters: int = 3, warmup: int = 1, spread: bool = False, timeout_s: float = 300.0,
+                 link_bytes: Callable[[], int | None] | None = None) -> EngineRun:
     """Run ``plan`` for ``warmup + iters`` iterations on a fresh RayEngine; time the last ``iters``.
 
     Every iteration checks that all workers hold bit-identical results; the first also measures the
     relative error against ``exact`` (the true mean), before error feedback has any history.
     ``spread``: fail unless every worker actor landed on its own node (the emulated cluster).
+    ``link_bytes``: a counter of bytes sent between worker nodes (the emulated links), read around the timed
+    iterations.
     """
     from ..runtime.ray_engine import RayEngine
 
@@ -105,7 +109,10 @@ def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None,
         flats = store.refs(plan, [actor_nodes[w] for w in workers])
         syncs, walls, timelines = [], [], []
         consistent, rel_error = True, float("nan")
+        counted = None
         for i in range(warmup + iters):
+            if i == warmup and link_bytes is not None:
+                counted = link_bytes()
             t0 = time.perf_counter()
             results = engine.run_flat(flats)
             wall = time.perf_counter() - t0
@@ -119,7 +126,9 @@ def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None,
                 syncs.append(sync_span(rows))
                 walls.append(wall)
                 timelines.append(rows)
+        if counted is not None:
+            counted = (link_bytes() - counted) // iters
         median_index = sorted(range(len(syncs)), key=syncs.__getitem__)[len(syncs) // 2]
-        return EngineRun(sync_s=syncs, wall_s=walls, consistent=consistent, rel_error=rel_error,
+        return EngineRun(link_bytes=counted, sync_s=syncs, wall_s=walls, consistent=consistent, rel_error=rel_error,
                          nodes={w: actor_nodes[w] for w in workers}, timeline=timelines[median_index],
                          tasks=len(engine.program.tasks))

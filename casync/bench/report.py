@@ -22,7 +22,9 @@ MEASURED_DEFINITION = (
     "to the latest rank's last bucket's reduced gradient (compression, decompression and error feedback of "
     "the hooks included). **×gloo** = the gloo all_reduce (25 MiB buckets) sync divided by this row's; "
     "**wire MB** = bytes all sends put on the wire in one sync (baselines: a ring all-reduce of the payload, "
-    "2(N-1) × payload); **ratio** = the same sends uncompressed / wire bytes; **predicted** = the simulator's "
+    "2(N-1) × payload); **link MB** (emulated cluster only) = bytes that really crossed the links per sync, "
+    "from the interface counters (TCP/IP and Ray or gloo protocol overhead included; casync: all bytes the "
+    "worker nodes sent minus what the driver's node received); **ratio** = the same sends uncompressed / wire bytes; **predicted** = the simulator's "
     "sync time for the same plan on the ClusterModel of the setup; **wall** = casync: run_flat wall time "
     "(hands gradients to the actors, syncs, fetches every worker's result to the driver); DDP: "
     "forward+backward wall time; **rel err** = ||result − exact mean|| / ||exact mean|| after the first sync "
@@ -44,6 +46,9 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
                "predicted ms", "pred/meas", "wall ms", "consistent", "rel err"]
     body = []
     rows = result.group(model, workers)
+    show_link = any(r.link_bytes is not None for r in rows)
+    if show_link:
+        headers.insert(headers.index("wire MB") + 1, "link MB")
     order = {s: i for i, s in enumerate(STRATEGIES)}
     casync = sorted((r for r in rows if r.system == "casync"),
                     key=lambda r: (order.get(r.strategy, 99), list(result.grid.codecs).index(r.codec)
@@ -54,12 +59,13 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
                          "failed: " + r.error] + [""] * (len(headers) - 4))
             continue
         pred = r.predicted_s
+        link = [_mb(r.link_bytes) if r.link_bytes is not None else ""] if show_link else []
         body.append([
             "casync" if r.system == "casync" else ("torch DDP" if r.strategy.startswith("ddp") else "torch gloo"),
             _strategy_cell(r) + (" *" if r is best else ""), _codec_cell(r), _ms(r.sync_s),
             _ms(min(r.sync_all_s)), _ms(max(r.sync_all_s)),
             round(r.speedup[REFERENCE], 2) if REFERENCE in r.speedup else "",
-            _mb(r.wire_bytes), round(r.compression, 1),
+            _mb(r.wire_bytes), *link, round(r.compression, 1),
             _ms(pred), round(pred / r.sync_s, 2) if pred else "", _ms(r.wall_s),
             "yes" if r.consistent else "NO", "" if r.rel_error is None else float(f"{r.rel_error:.3g}")])
     return headers, body

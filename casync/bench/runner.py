@@ -20,7 +20,7 @@ from .grid import Grid, codec_label
 from .measure import EngineRun, GradientStore, measure_plan
 from .predict import compact_plan, make_plan, plan_choices, predict, predicted_sync_s
 from .setup import Setup
-from .workload import exact_mean, model_numel
+from .workload import exact_mean
 
 #: baselines the speed-up table also reports a ratio against (when they ran)
 COMPARE_WITH = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")
@@ -39,6 +39,7 @@ class Row:
     sync_all_s: list[float] = field(default_factory=list)
     wall_s: float | None = None        # casync: median run_flat wall time; baselines: forward+backward wall
     wire_bytes: int = 0                # bytes all sends put on the wire in one sync
+    link_bytes: int | None = None      # bytes that crossed the emulated links per sync (netem; measured)
     dense_wire_bytes: int = 0          # the same sends uncompressed
     compression: float = 1.0           # dense_wire_bytes / wire_bytes
     speedup: dict[str, float] = field(default_factory=dict)  # baseline name -> its sync time / this one's
@@ -182,7 +183,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
                                     wall_s=sorted(e["backward_s"])[len(e["backward_s"]) // 2],
                                     wire_bytes=e["wire_bytes"], dense_wire_bytes=e["dense_wire_bytes"],
                                     compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
-                                    consistent=e["consistent"], rel_error=e.get("rel_error")))
+                                    consistent=e["consistent"], rel_error=e.get("rel_error"),
+                                    link_bytes=e.get("link_bytes")))
             except Exception as exc:  # recorded; the comparison goes on without them
                 say(f"baselines on {model} N={workers} failed: {_short(exc)}")
                 rows += [Row(model=model, workers=workers, system="baseline", strategy=name, codec="",
@@ -265,10 +267,12 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
                 row.plan = plan_choices(plan) if strategy == "auto" else None
                 row.predicted_s = predicted_sync_s(predict(plan, cluster, profile))
                 run: EngineRun = measure_plan(plan, store, exact, address=setup.ray_address, iters=iters,
-                                              warmup=warmup, spread=setup.spread_workers)
+                                              warmup=warmup, spread=setup.spread_workers,
+                                              link_bytes=setup.link_bytes if setup.kind == "netem" else None)
                 row.sync_s, row.sync_all_s = run.sync_median_s, run.sync_s
                 row.wall_s = sorted(run.wall_s)[len(run.wall_s) // 2]
                 row.consistent, row.rel_error, row.tasks = run.consistent, run.rel_error, run.tasks
+                row.link_bytes = run.link_bytes
                 result.plans[(model, workers, strategy, codec)] = plan
                 result.measured_timelines[(model, workers, strategy, codec)] = run.timeline
             except Exception as exc:

@@ -71,10 +71,30 @@ class Setup:
                             env=lambda r: {"GLOO_SOCKET_IFNAME": f"csv{r + 1}"},
                             port=lambda: random.randint(20000, 29999))  # a fresh namespace: any port is free
 
+    def link_bytes(self) -> int | None:
+        """Bytes sent between worker nodes so far (netem: the interface counters of the emulated links):
+        everything the worker nodes sent minus what the head received from them (the driver's result
+        fetches).  None where workers share a machine without links."""
+        if self.kind != "netem":
+            return None
+        sent = sum(_iface_counter(f"csn{i}", f"csv{i}", "tx_bytes") for i in range(1, self.nodes + 1))
+        return sent - _iface_counter("csnh", "csvh", "rx_bytes")
+
     @property
     def spread_workers(self) -> bool:
         """Whether each worker actor must be on its own node (checked after placement)."""
         return self.kind == "netem"
+
+
+def _iface_counter(netns: str, dev: str, counter: str) -> int:
+    """One statistics counter of a device inside a network namespace (``ip -s -j``, needs root)."""
+    import json
+    import subprocess
+
+    out = subprocess.run(["ip", "-n", netns, "-s", "-j", "link", "show", "dev", dev], capture_output=True, text=True,
+                         check=True, timeout=10).stdout
+    stats = json.loads(out)[0]["stats64"]
+    return int(stats["tx" if counter.startswith("tx") else "rx"]["bytes"])
 
 
 def _free_local_port() -> int:

@@ -30,21 +30,6 @@ def worker_flat(model: str, worker: int, seed: int = 0) -> np.ndarray:
     return rng.standard_normal(model_numel(model), dtype=np.float32)
 
 
-def bucket_views(plan: SyncPlan, flat: np.ndarray) -> dict[str, np.ndarray]:
-    """The plan's per-bucket input buffers as views of ``flat`` (buckets are consecutive tensors)."""
-    offsets, offset = {}, 0
-    for spec in plan.tensors:
-        offsets[spec.name] = offset
-        offset += spec.numel
-    if offset != flat.size:
-        raise ValueError(f"the plan's tensors hold {offset} elements but the gradient vector has {flat.size}")
-    out = {}
-    for bucket in plan.buckets:
-        start = offsets[bucket.members[0].spec.name]
-        out[bucket.name] = flat[start:start + bucket.numel]
-    return out
-
-
 def bucket_layout(plan: SyncPlan) -> tuple[tuple[str, int], ...]:
     """What the bucket buffers of a plan look like: (name, numel) per bucket, in order."""
     return tuple((b.name, b.numel) for b in plan.buckets)
