@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from ._table import format_table, markdown_table
+from ._table import format_table
 
 
 def _codec_arg(text: str) -> str | None:
@@ -54,21 +53,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .compare import compare, rows_json, rows_table
+    from .bench.cli import run
 
-    strategies = args.strategies.split(",")
-    codecs = args.codecs.split(",")
-    rows = compare(args.model, workers=args.workers, strategies=strategies, codecs=codecs, steps=args.steps,
-                   engine=args.engine, address=args.address, progress=not args.no_progress)
-    headers, body = rows_table(rows)
-    print(format_table(headers, body))
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "compare.md").write_text(markdown_table(headers, body) + "\n")
-        (out / "compare.json").write_text(json.dumps(rows_json(rows), indent=2) + "\n")
-        print(f"wrote {out / 'compare.md'} and {out / 'compare.json'}")
-    return 0 if all(r.consistent for r in rows) else 1
+    return run(args, prog="casync bench")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -210,16 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor", default=None, help="restrict --table/--dot/--png to one bucket")
     p.set_defaults(func=cmd_plan)
 
-    b = sub.add_parser("bench", help="compare strategies x codecs on a model's gradient shapes")
-    b.add_argument("--model", default="resnet50")
-    b.add_argument("--workers", type=int, default=4)
-    b.add_argument("--strategies", default="ps,ring,allgather")
-    b.add_argument("--codecs", default="none,fp16,onebit,topk:ratio=0.01")
-    b.add_argument("--steps", type=int, default=2)
-    b.add_argument("--engine", default="local", choices=["local", "ray"])
-    b.add_argument("--address", default=None, help="Ray cluster address (ray engine); default: embedded Ray")
-    b.add_argument("--out", default=None, help="directory for compare.md and compare.json")
-    b.add_argument("--no-progress", action="store_true")
+    b = sub.add_parser("bench", help="compare strategies x codecs against gloo/DDP baselines (tables, plots, JSON)")
+    from .bench.cli import add_arguments as add_bench_arguments
+
+    add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)
 
     m = sub.add_parser("simulate", help="plan (auto by default) and simulate one iteration on a cluster model")

@@ -1,7 +1,6 @@
 """The command line and the quickstart example, run as a user would."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -39,18 +38,6 @@ def test_plan_table_for_one_bucket(capsys):
 def test_bad_arguments_exit_2_with_message(argv, needle, capsys):
     assert main(argv) == 2
     assert needle in capsys.readouterr().err
-
-
-def test_bench_local_writes_table_and_json(tmp_path, capsys):
-    assert main(["bench", "--model", "tiny", "--workers", "3", "--strategies", "ring,ps", "--codecs", "none,onebit",
-                 "--steps", "1", "--out", str(tmp_path), "--no-progress"]) == 0
-    rows = json.loads((tmp_path / "compare.json").read_text())
-    assert {(r["strategy"], r["codec"]) for r in rows} == {("ring", "none"), ("ring", "onebit"), ("ps", "none"),
-                                                             ("ps", "onebit")}
-    assert all(r["consistent"] for r in rows)
-    none_ring = next(r for r in rows if r["codec"] == "none" and r["strategy"] == "ring")
-    assert none_ring["rel_error"] < 1e-6 and none_ring["compression"] == 1.0
-    assert "| ring |" in (tmp_path / "compare.md").read_text()
 
 
 def test_models_and_codecs_listings(capsys):

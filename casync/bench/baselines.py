@@ -1,0 +1,355 @@
+"""Baselines a casync strategy is compared with: ``torch.distributed`` on gloo, on the same gradients.
+
+Every baseline runs as ``world`` real processes (one per worker, :func:`run_baselines` starts them with the
+setup's command prefix, e.g. inside one network namespace each) that synchronize the benchmark's gradients
+(:func:`casync.bench.workload.worker_flat`, the very tensors casync syncs):
+
+* ``gloo-tensor``  ``all_reduce`` + divide, one call per tensor;
+* ``gloo-bucket``  ``all_reduce`` + divide of 25 MiB buckets of consecutive tensors (DDP's bucket size);
+  the reference the speed-ups are computed against;
+* ``ddp``          a ``DistributedDataParallel`` model whose parameters have the model's shapes and whose
+  backward pass yields exactly the benchmark gradients, default all-reduce hook (no compression);
+* ``ddp-fp16``     the same with ``default_hooks.fp16_compress_hook``;
+* ``ddp-powersgd-r1`` / ``-r4``  the same with ``powerSGD_hook`` (``matrix_approximation_rank`` 1 or 4,
+  error feedback and warm start on, compressing from the first timed iteration).
+
+Timing, comparable with casync's sync span (first op of any worker to last op of any worker): per
+iteration every rank passes a barrier, then records wall-clock start and end of its synchronization; the
+iteration's sync time is ``max(end) - min(start)`` over ranks.  For gloo that is the all_reduce calls and
+the division; for DDP it runs from the first bucket's comm hook call to the last bucket's reduced gradient
+(the hooks' compression, decompression and error feedback included, and the small backward work of the
+later buckets that overlaps them).  ``backward_s`` is the whole forward+backward wall time.
+
+Bytes on the wire assume a ring all-reduce (gloo's algorithm for large CPU tensors): all ranks together
+send ``2 (N-1)`` times the all-reduced payload, matching how ``plan.wire_bytes()`` counts casync's sends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+from .workload import exact_mean, model_shapes, worker_flat
+
+BASELINES: dict[str, str] = {
+    "gloo-tensor": "gloo all_reduce, per tensor",
+    "gloo-bucket": "gloo all_reduce, 25 MiB buckets",
+    "ddp": "DDP allreduce_hook",
+    "ddp-fp16": "DDP fp16_compress_hook",
+    "ddp-powersgd-r1": "DDP powerSGD_hook rank 1",
+    "ddp-powersgd-r4": "DDP powerSGD_hook rank 4",
+}
+REFERENCE = "gloo-bucket"
+BUCKET_BYTES = 25 * 1024 * 1024
+POWERSGD_START_ITER = 2  # the smallest PyTorch allows with error feedback / warm start
+
+
+class BaselineError(RuntimeError):
+    """A baseline rank failed or did not finish in time; the message carries its output."""
+
+
+@dataclass(frozen=True)
+class RankLauncher:
+    """How rank ``r`` of a baseline starts: a command prefix, extra environment, and the rendezvous host."""
+
+    master_addr: str
+    prefix: Callable[[int], list[str]]
+    env: Callable[[int], dict[str, str]]
+    port: Callable[[], int]
+
+
+# -----------------------------------------------------------------------------------------------------
+# inside one rank
+# -----------------------------------------------------------------------------------------------------
+
+def _buckets(shapes: list[tuple[str, tuple[int, ...]]], cap_bytes: int) -> list[tuple[int, int]]:
+    """(start, stop) element ranges of consecutive tensors grouped up to ``cap_bytes``, DDP-style."""
+    out, start, size, offset = [], 0, 0, 0
+    for _, shape in shapes:
+        nbytes = 4 * math.prod(shape)
+        if size and size + nbytes > cap_bytes:
+            out.append((start, offset))
+            start, size = offset, 0
+        offset += nbytes // 4
+        size += nbytes
+    if offset > start:
+        out.append((start, offset))
+    return out
+
+
+def _gradient_model(shapes: list[tuple[str, tuple[int, ...]]]):
+    """A module whose parameters have ``shapes`` (registered in forward order, so DDP buckets them in
+    backward order) and whose ``forward(grads)`` is ``sum(p * g)``: backward leaves exactly ``g`` in
+    ``p.grad``."""
+    import torch
+
+    class GradientModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(shape)) for _, shape in reversed(shapes))
+
+        def forward(self, grads: list) -> Any:
+            return sum((p * g).sum() for p, g in zip(self.weights, grads))
+
+    return GradientModel()
+
+
+def _timed_hook(hook: Callable, marks: list[tuple[str, float]]) -> Callable:
+    """Wrap a DDP comm hook: record when each bucket's hook is called and when its result is ready."""
+
+    def wrapper(state: Any, bucket: Any) -> Any:
+        marks.append(("start", time.time()))
+        fut = hook(state, bucket)
+
+        def done(f: Any) -> Any:
+            marks.append(("end", time.time()))
+            return f.value()
+
+        return fut.then(done)
+
+    import torch
+    import torch.distributed as dist
+
+    # DDP checks the hook's annotations (this module's are strings, from __future__ annotations)
+    wrapper.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return wrapper
+
+
+def _one_bucket_at_a_time(hook: Callable) -> Callable:
+    """Start a bucket's hook only after the previous bucket's finished.
+
+    PowerSGD issues its second all-reduce from a callback of its first; with several buckets in flight the
+    ranks then enqueue gloo collectives in different orders, and gloo (which tags collectives in enqueue
+    order) fails with "Received data size doesn't match expected size".  Waiting here keeps the order the
+    same everywhere; the wait runs on the autograd thread, whose remaining work here is tiny.
+    """
+    last: list[Any] = [None]
+
+    def serial(state: Any, bucket: Any) -> Any:
+        if last[0] is not None:
+            last[0].wait()
+        last[0] = hook(state, bucket)
+        return last[0]
+
+    return serial
+
+
+def _tx_bytes() -> int | None:
+    """Bytes this rank's network namespace has sent on its gloo interface (None on loopback, which other
+    processes of the machine share)."""
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
+    if iface == "lo":
+        return None
+    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
+        name, _, fields = line.partition(":")
+        if name.strip() == iface:
+            return int(fields.split()[8])
+    return None
+
+
+def _rank_main(args: argparse.Namespace) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=args.world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    rank, world = args.rank, args.world
+    shapes = model_shapes(args.model)
+    flat_np = worker_flat(args.model, rank, args.seed)
+    flat = torch.from_numpy(flat_np)
+    numel = flat.numel()
+    views = []
+    offset = 0
+    for _, shape in shapes:
+        n = math.prod(shape)
+        views.append((offset, offset + n, shape))
+        offset += n
+    results: dict[str, Any] = {}
+    for variant in args.variants.split(","):
+        iters = args.iters
+        warmup = args.warmup
+        if variant.startswith("ddp"):  # DDP rebuilds its buckets after the first iteration
+            warmup = max(warmup, POWERSGD_START_ITER + 1 if variant.startswith("ddp-powersgd") else 2)
+        starts, ends, walls, payload = [], [], [], 4 * numel
+        if variant.startswith("gloo"):
+            work = torch.empty_like(flat)
+            if variant == "gloo-tensor":
+                chunks = [work[a:b] for a, b, _ in views]
+            else:
+                chunks = [work[a:b] for a, b in _buckets(shapes, BUCKET_BYTES)]
+            for i in range(warmup + iters):
+                if i == warmup:
+                    tx0 = _tx_bytes()
+                work.copy_(flat)
+                dist.barrier()
+                t0 = time.time()
+                for c in chunks:
+                    dist.all_reduce(c)
+                    c.div_(world)
+                t1 = time.time()
+                if i >= warmup:
+                    starts.append(t0)
+                    ends.append(t1)
+                    walls.append(t1 - t0)
+            reduced = work
+        else:
+            model = _gradient_model(shapes)
+            grads = [flat[a:b].view(shape) for a, b, shape in reversed(views)]  # forward order, like the params
+            ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_BYTES / 2**20,
+                                                            gradient_as_bucket_view=True)
+            marks: list[tuple[str, float]] = []
+            state: Any = None
+            if variant == "ddp":
+                hook = default_hooks.allreduce_hook
+            elif variant == "ddp-fp16":
+                hook = default_hooks.fp16_compress_hook
+                payload = 2 * numel
+            elif variant.startswith("ddp-powersgd-r"):
+                state = powerSGD_hook.PowerSGDState(process_group=None,
+                                                    matrix_approximation_rank=int(variant.rsplit("r", 1)[1]),
+                                                    start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True,
+                                                    warm_start=True, random_seed=args.seed)
+                hook = powerSGD_hook.powerSGD_hook
+            else:
+                raise ValueError(f"unknown baseline {variant!r}; choose from {list(BASELINES)}")
+            if state is not None:
+                hook = _one_bucket_at_a_time(hook)
+            ddp.register_comm_hook(state, _timed_hook(hook, marks))
+            for i in range(warmup + iters):
+                if i == warmup:
+                    tx0 = _tx_bytes()
+                ddp.zero_grad(set_to_none=False)
+                before = (state.total_numel_before_compression, state.total_numel_after_compression) if state else None
+                marks.clear()
+                dist.barrier()
+                t0 = time.time()
+                ddp(grads).backward()
+                t1 = time.time()
+                if i >= warmup:
+                    starts.append(min(t for k, t in marks if k == "start"))
+                    ends.append(max(t for k, t in marks if k == "end"))
+                    walls.append(t1 - t0)
+                    if state is not None:
+                        payload = 4 * (state.total_numel_after_compression - before[1])
+            reduced = torch.cat([p.grad.reshape(-1) for p in reversed(list(model.weights))])
+        tx1 = _tx_bytes()
+        sent = None if tx0 is None or tx1 is None else (tx1 - tx0) // iters  # barriers included: a few bytes
+        gathered: list[Any] = [None] * world
+        probe = reduced[:: max(1, numel // 4096)].clone()
+        dist.all_gather_object(gathered, {"starts": starts, "ends": ends, "walls": walls,
+                                          "probe": probe.numpy().tobytes(), "payload": payload, "sent": sent})
+        if rank == 0:
+            spans = [max(g["ends"][i] for g in gathered) - min(g["starts"][i] for g in gathered) for i in range(iters)]
+            entry = {"sync_s": spans, "backward_s": [max(g["walls"][i] for g in gathered) for i in range(iters)],
+                     "payload_bytes": payload, "dense_bytes": 4 * numel,
+                     "consistent": all(g["probe"] == gathered[0]["probe"] for g in gathered),
+                     "warmup": warmup,
+                     "link_bytes": None if any(g["sent"] is None for g in gathered) else sum(g["sent"] for g in gathered)}
+            if args.check:
+                exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
+                entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))
+            results[variant] = entry
+        dist.barrier()
+    if rank == 0:
+        Path(args.result).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+# -----------------------------------------------------------------------------------------------------
+# the launcher
+# -----------------------------------------------------------------------------------------------------
+
+def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Sequence[str], iters: int = 3,
+                  warmup: int = 1, seed: int = 0, check: bool = True, timeout_s: float = 900.0) -> dict[str, Any]:
+    """Run ``variants`` on ``workers`` gloo ranks; per variant: sync times (s), payload and wire bytes, checks.
+
+    Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds
+    ``timeout_s``; every rank process is ended either way.
+    """
+    unknown = [v for v in variants if v not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}; choose from {list(BASELINES)}")
+    if not variants:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="casync-baseline-") as tmp:
+        result = Path(tmp) / "result.json"
+        master = f"{launcher.master_addr}:{launcher.port()}"
+        procs, logs = [], []
+        try:
+            for rank in range(workers):
+                log = open(Path(tmp) / f"rank{rank}.log", "w+")
+                logs.append(log)
+                cmd = launcher.prefix(rank) + [sys.executable, "-m", "casync.bench.baselines", "--rank", str(rank),
+                                               "--world", str(workers), "--master", master, "--model", model,
+                                               "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
+                                               "--variants", ",".join(variants), "--result", str(result),
+                                               "--timeout", str(int(timeout_s))] + (["--check"] if check else [])
+                env = dict(os.environ, OMP_NUM_THREADS="1", **launcher.env(rank))
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True))
+            deadline = time.monotonic() + timeout_s
+            while any(p.poll() is None for p in procs):
+                failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    rank = failed[0] if failed else 0
+                    logs[rank].seek(0)
+                    why = f"rank {rank} exited with {procs[rank].returncode}" if failed else \
+                        f"no result within {timeout_s:.0f}s"
+                    raise BaselineError(f"baselines {list(variants)} on {model}, {workers} ranks: {why}; its output:\n"
+                                        + logs[rank].read()[-3000:])
+                time.sleep(0.1)
+            if procs[0].returncode != 0 or not result.exists():
+                logs[0].seek(0)
+                raise BaselineError(f"baseline rank 0 wrote no result; its output:\n{logs[0].read()[-3000:]}")
+            raw = json.loads(result.read_text())
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for log in logs:
+                log.close()
+    for entry in raw.values():
+        entry["wire_bytes"] = 2 * (workers - 1) * entry["payload_bytes"]
+        entry["dense_wire_bytes"] = 2 * (workers - 1) * entry["dense_bytes"]
+        entry["sync_median_s"] = statistics.median(entry["sync_s"])
+    return raw
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="one rank of the gloo/DDP baselines (started by run_baselines)")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--master", required=True, help="host:port of rank 0's TCP store")
+    p.add_argument("--model", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--variants", default=",".join(BASELINES))
+    p.add_argument("--result", required=True)
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--check", action="store_true", help="rank 0 compares its result with the exact mean")
+    _rank_main(p.parse_args(argv))
+    # Leave without interpreter teardown: torch's gloo/DDP helper threads sometimes abort the process while
+    # being destroyed at exit ("terminate called without an active exception") after all work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

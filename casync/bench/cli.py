@@ -1,0 +1,116 @@
+"""Command line of the comparison, shared by ``casync bench`` and ``benchmarks/compare_strategies.py``."""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from .baselines import BASELINES
+from .grid import FULL, QUICK, STRATEGIES, Grid
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in _list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in _list(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="the quick subset (ResNet-50, 4 workers, 4 codecs; about 3 minutes on 2 cores)")
+    size.add_argument("--full", action="store_true", help="the full grid (the default; hours on 2 cores)")
+    p.add_argument("--models", "--model", type=_list, default=None,
+                   help=f"comma-separated built-in models (full: {','.join(FULL.models)})")
+    p.add_argument("--workers", type=_ints, default=None, help="comma-separated worker counts (full: 2,4)")
+    p.add_argument("--strategies", type=_list, default=None,
+                   help=f"comma-separated strategy labels: {','.join(STRATEGIES)}")
+    p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
+    p.add_argument("--baselines", type=_list, default=None,
+                   help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")
+    p.add_argument("--sim-workers", type=_ints, default=None, help="simulated worker counts (full: 8,16,64)")
+    p.add_argument("--sim-bandwidths", type=_floats, default=None, help="simulated link Gbps (full: 1,10,25,100)")
+    p.add_argument("--sim-models", type=_list, default=None, help="simulated models (default: the measured ones)")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulated grid")
+    p.add_argument("--iters", type=int, default=3, help="timed iterations per configuration")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations before them")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--address", default=None, help="Ray cluster to join (default: an embedded local Ray)")
+    p.add_argument("--netem", default=None, metavar="LINKS_ENV",
+                   help="run on the emulated cluster of benchmarks/netem (its links.env); see benchmarks/netem")
+    p.add_argument("--out", default=None, help="directory for the table (bench.md), raw JSON and PNG plots")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def grid_from_args(args: argparse.Namespace) -> Grid:
+    grid = QUICK if args.quick else FULL
+    changes = {}
+    for field, value in (("models", args.models), ("workers", args.workers), ("strategies", args.strategies),
+                         ("codecs", args.codecs), ("sim_workers", args.sim_workers),
+                         ("sim_bandwidths_gbps", args.sim_bandwidths), ("sim_models", args.sim_models)):
+        if value is not None:
+            changes[field] = value
+    if args.baselines is not None:
+        changes["baselines"] = () if args.baselines == ("none",) else args.baselines
+    return grid.with_(**changes)
+
+
+def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
+    """Run the comparison the arguments describe; print the tables; exit 1 if a configuration failed or
+    produced inconsistent replicas."""
+    from .report import text_summary, write_report
+    from .runner import run_bench
+    from .setup import local_setup, netem_setup
+
+    if args.iters < 1 or args.warmup < 0:
+        raise SystemExit(f"{prog}: --iters must be >= 1 and --warmup >= 0")
+    grid = grid_from_args(args)
+    setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
+    if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
+        raise SystemExit(f"{prog}: the gloo/DDP baselines start their ranks on this machine, so against a Ray cluster "
+                         "(--address) they would not share its links; add --baselines none, or use the emulated "
+                         "cluster of benchmarks/netem (--netem)")
+    argv = getattr(args, "argv", None)
+    if argv is None:  # `casync bench ...`: what follows the subcommand
+        argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else sys.argv[1:]
+    command = " ".join([prog] + [shlex.quote(a) for a in argv])
+    if os.environ.get("CASYNC_BENCH_LAUNCH"):  # started by a wrapper (benchmarks/netem/netem.sh run): say how
+        command = f"{os.environ['CASYNC_BENCH_LAUNCH']}\n# which ran, inside the emulated cluster:\n{command}"
+    print(f"{prog}: {len(grid.cells())} casync configurations + baselines {', '.join(grid.baselines) or 'none'} "
+          f"({setup.describe()}); {0 if args.no_sim else len(grid.sim_cells())} simulated", file=sys.stderr)
+    result = run_bench(grid, setup, iters=args.iters, warmup=args.warmup, seed=args.seed, simulate=not args.no_sim,
+                       progress=not args.no_progress, command=command)
+    print(text_summary(result))
+    if args.out:
+        written = write_report(result, args.out)
+        print(f"table: {written['markdown']}\nraw JSON: {written['json']}\nplots ({len(written['plots'])}): "
+              f"{Path(args.out) / 'bench_*.png'}, {Path(args.out) / 'gantt_*.png'}")
+    bad = [r for r in result.rows if r.error or not r.consistent]
+    for r in bad:
+        print(f"{prog}: {r.model} N={r.workers} {r.label}: {r.error or 'workers ended with different results'}",
+              file=sys.stderr)
+    print(f"{prog}: done in {result.seconds:.0f} s", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None, prog: str = "compare_strategies.py") -> int:
+    p = argparse.ArgumentParser(prog=prog, description="Compare casync strategies x codecs against gloo/DDP "
+                                                       "baselines, measured on RayEngine and simulated.")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
+    return run(args, prog)

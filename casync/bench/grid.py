@@ -1,0 +1,134 @@
+"""What a strategy comparison runs: the strategies, codecs, models and worker counts, and the preset grids.
+
+A strategy label names a way to call :func:`casync.build_plan`; ``auto`` hands strategy, partitions and
+(selective) compression to the planner, which needs the :class:`~casync.ClusterModel` of the setup.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from primitives.codecs import get_codec
+
+#: strategy label -> fixed build_plan arguments (``auto``: the planner)
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "ps-oneway": {"strategy": "ps", "two_way": False},
+    "ps-twoway": {"strategy": "ps", "two_way": True},
+    "ring": {"strategy": "ring"},
+    "allgather": {"strategy": "allgather"},
+    "auto": {"strategy": "auto", "partitions": "auto"},
+}
+CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "terngrad", "topk:ratio=0.01", "randomk:ratio=0.01")
+#: the codec column value of the planner row that may pick any of the grid's codecs per bucket
+AUTO_CODEC = "auto"
+MODELS: tuple[str, ...] = ("resnet50", "vgg16", "bert-base", "gpt2")
+WORKERS: tuple[int, ...] = (2, 4)
+SIM_WORKERS: tuple[int, ...] = (8, 16, 64)
+SIM_BANDWIDTHS_GBPS: tuple[float, ...] = (1.0, 10.0, 25.0, 100.0)
+
+
+def codec_label(codec: str) -> str:
+    """Short column label: ``topk:ratio=0.01`` -> ``topk 1%``."""
+    if codec == AUTO_CODEC:
+        return "auto"
+    c = get_codec(None if codec == "none" else codec)
+    ratio = c.params().get("ratio")
+    return f"{c.name} {ratio * 100:g}%" if ratio is not None else c.name
+
+
+def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...]) -> dict[str, Any]:
+    """``build_plan`` keyword arguments for one grid cell (without model, workers or cluster).
+
+    ``auto`` with a codec ``c`` lets the planner choose, per bucket, the strategy, the partitions and
+    whether to compress with ``c`` (candidates: none and ``c``); ``auto`` with :data:`AUTO_CODEC` lets it
+    choose among all of ``codecs``.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy label {strategy!r}; choose from {sorted(STRATEGIES)}")
+    args = dict(STRATEGIES[strategy])
+    if strategy == "auto":
+        if codec == AUTO_CODEC:
+            args["codec"] = list(dict.fromkeys(codecs))
+        else:
+            args["codec"] = list(dict.fromkeys(["none", codec]))
+    else:
+        if codec == AUTO_CODEC:
+            raise ValueError(f"codec {AUTO_CODEC!r} is only for strategy 'auto', not {strategy!r}")
+        args["codec"] = None if codec == "none" else codec
+    return args
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The measured grid (models x workers x strategies x codecs, on the engine) and the simulated one
+    (the same strategies x codecs x models at ``sim_workers`` x ``sim_bandwidths_gbps``)."""
+
+    models: tuple[str, ...] = MODELS
+    workers: tuple[int, ...] = WORKERS
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    codecs: tuple[str, ...] = CODECS
+    sim_models: tuple[str, ...] | None = None  # None: the measured models
+    sim_workers: tuple[int, ...] = SIM_WORKERS
+    sim_bandwidths_gbps: tuple[float, ...] = SIM_BANDWIDTHS_GBPS
+    baselines: tuple[str, ...] = field(default_factory=lambda: tuple(_baseline_names()))
+    #: simulate ``auto`` once per codec (planner candidates none + that codec) besides the all-codecs row;
+    #: False keeps only the all-codecs row (each planner call takes seconds at 64 workers)
+    sim_auto_per_codec: bool = True
+
+    def __post_init__(self) -> None:
+        for s in self.strategies:
+            if s not in STRATEGIES:
+                raise ValueError(f"unknown strategy label {s!r}; choose from {sorted(STRATEGIES)}")
+        for c in self.codecs:
+            get_codec(None if c == "none" else c)  # validates, naming the registered codecs
+        for w in tuple(self.workers) + tuple(self.sim_workers):
+            if isinstance(w, bool) or not isinstance(w, int) or w < 2:
+                raise ValueError(f"worker counts must be ints >= 2, got {w!r}")
+        from ..models import model_names
+
+        known = set(model_names())
+        for m in tuple(self.models) + tuple(self.sim_models or ()):
+            if m not in known:
+                raise ValueError(f"unknown model {m!r}; built-in models: {sorted(known)}")
+        unknown = set(self.baselines) - set(_baseline_names())
+        if unknown:
+            raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {_baseline_names()}")
+
+    def cells(self) -> list[tuple[str, int, str, str]]:
+        """Measured cells (model, workers, strategy, codec); ``auto`` also gets the all-codecs row."""
+        out = []
+        for model in self.models:
+            for workers in self.workers:
+                for strategy in self.strategies:
+                    codecs = self.codecs + ((AUTO_CODEC,) if strategy == "auto" and len(self.codecs) > 1 else ())
+                    out += [(model, workers, strategy, c) for c in codecs]
+        return out
+
+    def sim_cells(self) -> list[tuple[str, int, float, str, str]]:
+        """Simulated cells (model, workers, bandwidth Gbps, strategy, codec)."""
+        out = []
+        for model in self.sim_models if self.sim_models is not None else self.models:
+            for workers in self.sim_workers:
+                for bw in self.sim_bandwidths_gbps:
+                    for strategy in self.strategies:
+                        codecs = self.codecs + ((AUTO_CODEC,) if strategy == "auto" and len(self.codecs) > 1 else ())
+                        if strategy == "auto" and not self.sim_auto_per_codec and len(self.codecs) > 1:
+                            codecs = (AUTO_CODEC,)
+                        out += [(model, workers, bw, strategy, c) for c in codecs]
+        return out
+
+    def with_(self, **changes: Any) -> "Grid":
+        return replace(self, **changes)
+
+
+def _baseline_names() -> list[str]:
+    from .baselines import BASELINES
+
+    return list(BASELINES)
+
+
+FULL = Grid()
+#: about 3 minutes on 2 cores: ResNet-50, 4 workers, four codecs, every strategy, every baseline;
+#: simulated at 16 and 64 workers on 1, 10 and 100 Gbps (auto: the all-codecs planner only)
+QUICK = Grid(models=("resnet50",), workers=(4,), codecs=("none", "fp16", "onebit", "randomk:ratio=0.01"),
+             sim_workers=(16, 64), sim_bandwidths_gbps=(1.0, 10.0, 100.0), sim_auto_per_codec=False)

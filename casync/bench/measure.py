@@ -1,0 +1,134 @@
+"""Measure one plan on :class:`~casync.runtime.ray_engine.RayEngine`: sync time, checks, the timeline.
+
+The gradients are made by a Ray task on each worker actor's own node (:class:`GradientStore`), so loading
+them into the actors never crosses a link; the sync time is the span of the engine's timeline, from the
+first op of any worker after the load to the last op of any worker -- the engine's own synchronization,
+the counterpart of the baselines' all-reduce span.  ``wall_s`` is ``run_flat``'s wall time, which adds
+handing the gradients to the actors and fetching every worker's result back to the driver.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..plan import SyncPlan
+from .workload import bucket_layout, make_bucket_buffers
+
+
+_MAKER: list[Any] = []
+
+
+def _remote_maker() -> Any:
+    """``make_bucket_buffers`` as a Ray task (registered once per process)."""
+    import ray
+
+    if not _MAKER:
+        _MAKER.append(ray.remote(num_cpus=0)(make_bucket_buffers))
+    return _MAKER[0]
+
+
+class GradientStore:
+    """Each worker's bucket buffers as ObjectRefs, made on the node the worker's actor runs on and kept
+    there across configurations with the same bucket layout."""
+
+    def __init__(self, model: str, seed: int = 0):
+        self.model = model
+        self.seed = seed
+        self._refs: dict[tuple, Any] = {}
+
+    def refs(self, plan: SyncPlan, nodes: list[str]) -> list[Any]:
+        """One ObjectRef per worker ``w``, created on ``nodes[w]`` (a Ray node id)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        layout = bucket_layout(plan)
+        make = _remote_maker()
+        out = []
+        for w, node in enumerate(nodes):
+            key = (layout, w, node)
+            if key not in self._refs:
+                strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+                self._refs[key] = make.options(scheduling_strategy=strategy).remote(self.model, w, self.seed, layout)
+            out.append(self._refs[key])
+        ray.wait(out, num_returns=len(out), fetch_local=False)
+        return out
+
+    def clear(self) -> None:
+        self._refs.clear()
+
+
+@dataclass
+class EngineRun:
+    """What one plan did on the engine over the timed iterations."""
+
+    sync_s: list[float]
+    wall_s: list[float]
+    consistent: bool
+    rel_error: float
+    nodes: dict[str, str]
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # the median iteration's op records
+    tasks: int = 0
+    link_bytes: int | None = None  # bytes that crossed the links between worker nodes, per timed iteration
+
+    @property
+    def sync_median_s(self) -> float:
+        return statistics.median(self.sync_s)
+
+
+def sync_span(rows: list[dict[str, Any]]) -> float:
+    """First op start to last op end over every actor, the gradient load left out."""
+    ops = [r for r in rows if r["op"] != "load"]
+    if not ops:
+        raise ValueError("the timeline has no ops")
+    return max(r["end"] for r in ops) - min(r["start"] for r in ops)
+
+
+def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None, *, address: str | None,
+                 iters: int = 3, warmup: int = 1, spread: bool = False, timeout_s: float = 300.0,
+                 link_bytes: Callable[[], int | None] | None = None) -> EngineRun:
+    """Run ``plan`` for ``warmup + iters`` iterations on a fresh RayEngine; time the last ``iters``.
+
+    Every iteration checks that all workers hold bit-identical results; the first also measures the
+    relative error against ``exact`` (the true mean), before error feedback has any history.
+    ``spread``: fail unless every worker actor landed on its own node (the emulated cluster).
+    ``link_bytes``: a counter of bytes sent between worker nodes (the emulated links), read around the timed
+    iterations.
+    """
+    from ..runtime.ray_engine import RayEngine
+
+    with RayEngine(plan, address=address, timeout_s=timeout_s, placement="spread") as engine:
+        actor_nodes = engine.actor_nodes()
+        workers = [f"worker:{w}" for w in range(plan.workers)]
+        if spread and len({actor_nodes[w] for w in workers}) < len(workers):
+            raise RuntimeError(f"worker actors share nodes ({actor_nodes}); the comparison needs one worker per "
+                               "node -- does the cluster have a node per worker?")
+        flats = store.refs(plan, [actor_nodes[w] for w in workers])
+        syncs, walls, timelines = [], [], []
+        consistent, rel_error = True, float("nan")
+        counted = None
+        for i in range(warmup + iters):
+            if i == warmup and link_bytes is not None:
+                counted = link_bytes()
+            t0 = time.perf_counter()
+            results = engine.run_flat(flats)
+            wall = time.perf_counter() - t0
+            rows = engine.timeline(engine.step - 1)
+            consistent &= all(np.array_equal(results[0][b], r[b]) for r in results[1:] for b in results[0])
+            if i == 0 and exact is not None:
+                got = np.concatenate([results[0][b.name] for b in plan.buckets])
+                rel_error = float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+            del results
+            if i >= warmup:
+                syncs.append(sync_span(rows))
+                walls.append(wall)
+                timelines.append(rows)
+        if counted is not None:
+            counted = (link_bytes() - counted) // iters
+        median_index = sorted(range(len(syncs)), key=syncs.__getitem__)[len(syncs) // 2]
+        return EngineRun(link_bytes=counted, sync_s=syncs, wall_s=walls, consistent=consistent, rel_error=rel_error,
+                         nodes={w: actor_nodes[w] for w in workers}, timeline=timelines[median_index],
+                         tasks=len(engine.program.tasks))

@@ -1,0 +1,67 @@
+"""The simulator's side of a comparison: plans for grid cells and their predicted sync times.
+
+:func:`predict` is the one place the benchmark calls the simulator, so a change of the cost model's
+interface is absorbed here.  Large clusters are simulated with the compact symmetric templates
+(``assemble_plan(..., compact=True)``): one representative worker, O(N) ops per bucket.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from primitives.codecs import get_codec
+
+from ..build import BucketChoice, assemble_plan, build_plan, make_buckets, name_buckets
+from ..build import DEFAULT_BUCKET_BYTES
+from ..costmodel import ClusterModel, Profile
+from ..plan import SyncPlan
+from ..simulator import Timeline, simulate
+from ..tensors import tensor_specs
+from .grid import plan_arguments
+
+
+def predict(plan: SyncPlan, cluster: ClusterModel, profile: Profile | None = None) -> Timeline:
+    """Predicted timeline of one sync of ``plan`` on ``cluster``, all gradients ready at time 0."""
+    return simulate(plan, cluster, profile)
+
+
+def predicted_sync_s(timeline: Timeline) -> float:
+    """The predicted counterpart of the measured sync span: first op to last op."""
+    return timeline.sync_time()
+
+
+def make_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[str, ...], cluster: ClusterModel,
+              seed: int = 0, profile: Profile | None = None) -> SyncPlan:
+    """The executable plan of one grid cell (the planner's for ``auto``, planning for ``cluster``)."""
+    args = plan_arguments(strategy, codec, codecs)
+    if strategy == "auto":
+        return build_plan(model, workers=workers, cluster=cluster, profile=profile, seed=seed, **args)
+    return build_plan(model, workers=workers, seed=seed, **args)
+
+
+def compact_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[str, ...],
+                 cluster: ClusterModel, profile: Profile | None = None) -> SyncPlan:
+    """The same cell as a compact template plan (simulation only), for large ``workers``.
+
+    ``auto``: the planner chooses per bucket (its own checks use full plans within its simulation budget);
+    its choices are then re-assembled as templates.
+    """
+    specs = tensor_specs(model)
+    if strategy == "auto":
+        chosen = make_plan(model, workers, strategy, codec, codecs, cluster, profile=profile)
+        groups = [(b.name, [m.spec for m in b.members]) for b in chosen.buckets]
+        choices = [BucketChoice(strategy=b.strategy, codec=b.codec, partitions=len(b.partitions), two_way=b.two_way,
+                                servers=b.servers, note=b.note) for b in chosen.buckets]
+    else:
+        args = plan_arguments(strategy, codec, codecs)
+        groups = name_buckets(specs, make_buckets(specs, DEFAULT_BUCKET_BYTES))
+        choice = BucketChoice(strategy=args["strategy"], codec=get_codec(args["codec"]),
+                              two_way=args.get("two_way", True))
+        choices = [choice] * len(groups)
+    return assemble_plan(specs, workers, groups, choices, compact=True,
+                         options={"strategy": strategy, "codec": codec})
+
+
+def plan_choices(plan: SyncPlan) -> list[dict[str, Any]]:
+    """Per bucket: what the plan does with it (the planner's choices, for the JSON)."""
+    return [{"bucket": b.name, "numel": b.numel, "strategy": b.strategy, "codec": str(b.codec),
+             "partitions": len(b.partitions), "two_way": b.two_way, "note": b.note} for b in plan.buckets]

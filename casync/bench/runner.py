@@ -1,0 +1,301 @@
+"""Run a strategy comparison: baselines, casync's grid on RayEngine, the simulated grid; collect rows.
+
+Order: the baselines of every (model, workers) group first (real gloo processes), then every casync cell
+on a fresh RayEngine each, then the simulated grid.  A cell that fails is recorded with its error and the
+run goes on; :attr:`BenchResult.failures` lists them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from ..costmodel import Profile
+from .baselines import BASELINES, REFERENCE, run_baselines
+from .grid import Grid, codec_label
+from .measure import EngineRun, GradientStore, measure_plan
+from .predict import compact_plan, make_plan, plan_choices, predict, predicted_sync_s
+from .setup import Setup
+from .workload import exact_mean
+
+#: baselines the speed-up table also reports a ratio against (when they ran)
+COMPARE_WITH = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")
+
+
+@dataclass
+class Row:
+    """One measured configuration: a casync grid cell or a baseline, on one model and worker count."""
+
+    model: str
+    workers: int
+    system: str            # "casync" | "baseline"
+    strategy: str          # casync strategy label, or the baseline's name
+    codec: str             # codec spec ("auto": the planner's pick), or what the baseline sends
+    sync_s: float = math.nan           # median sync time over the timed iterations
+    sync_all_s: list[float] = field(default_factory=list)
+    wall_s: float | None = None        # casync: median run_flat wall time; baselines: forward+backward wall
+    wire_bytes: int = 0                # bytes all sends put on the wire in one sync
+    link_bytes: int | None = None      # bytes that crossed the emulated links per sync (netem; measured)
+    dense_wire_bytes: int = 0          # the same sends uncompressed
+    compression: float = 1.0           # dense_wire_bytes / wire_bytes
+    speedup: dict[str, float] = field(default_factory=dict)  # baseline name -> its sync time / this one's
+    predicted_s: float | None = None   # the simulator's sync time for the same plan on the setup's ClusterModel
+    consistent: bool = True            # every worker ended with bit-identical results
+    rel_error: float | None = None     # ||result - exact mean|| / ||exact mean||, first iteration
+    tasks: int | None = None           # fused Ray tasks per iteration (casync)
+    plan: list[dict[str, Any]] | None = None  # per bucket choices (auto rows)
+    error: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.system == "baseline":
+            return BASELINES.get(self.strategy, self.strategy)
+        return f"{self.strategy} / {codec_label(self.codec)}"
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and math.isfinite(self.sync_s)
+
+
+@dataclass
+class SimRow:
+    """One simulated configuration."""
+
+    model: str
+    workers: int
+    bandwidth_gbps: float
+    strategy: str
+    codec: str
+    predicted_s: float
+    wire_bytes: int
+    dense_wire_bytes: int
+    compression: float
+    plan: list[dict[str, Any]] | None = None
+    error: str | None = None
+
+
+@dataclass
+class BenchResult:
+    setup: Setup
+    grid: Grid
+    rows: list[Row]
+    sim_rows: list[SimRow]
+    machine: dict[str, Any]
+    command: str
+    seconds: float
+    iters: int
+    warmup: int
+    timelines: dict[str, dict[str, Any]] = field(default_factory=dict)  # "model/N" -> best/worst measured rows
+    plans: dict[tuple, Any] = field(default_factory=dict, repr=False)    # (model, N, strategy, codec) -> plan
+    measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
+
+    @property
+    def failures(self) -> list[Row | SimRow]:
+        return [r for r in self.rows if r.error] + [r for r in self.sim_rows if r.error]
+
+    def group(self, model: str, workers: int) -> list[Row]:
+        return [r for r in self.rows if r.model == model and r.workers == workers]
+
+    def groups(self) -> list[tuple[str, int]]:
+        return list(dict.fromkeys((r.model, r.workers) for r in self.rows))
+
+    def best_worst(self, model: str, workers: int) -> tuple[Row | None, Row | None]:
+        done = sorted((r for r in self.group(model, workers) if r.system == "casync" and r.ok), key=lambda r: r.sync_s)
+        return (done[0], done[-1]) if done else (None, None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"setup": {**asdict(self.setup), "description": self.setup.describe()},
+                "grid": asdict(self.grid), "machine": self.machine, "command": self.command,
+                "seconds": self.seconds, "iters": self.iters, "warmup": self.warmup,
+                "rows": [dict(asdict(r), label=r.label) for r in self.rows],
+                "simulated": [asdict(r) for r in self.sim_rows], "timelines": self.timelines}
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, load and library versions, for the note under every result."""
+    import numpy as np
+
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                            "cpu": cpu, "platform": platform.platform(), "python": platform.python_version(),
+                            "numpy": np.__version__}
+    for lib in ("torch", "ray"):
+        try:
+            info[lib] = __import__(lib).__version__
+        except ImportError:
+            info[lib] = None
+    try:
+        info["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    return info
+
+
+def _dense_wire(plan: Any) -> int:
+    return sum(4 * a["numel"] for _, a in plan.graph.nodes(data=True) if a["op"] == "send")
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed: int = 0, simulate: bool = True,
+              progress: bool = True, command: str = "", profile: Profile | None = None,
+              log: Callable[[str], None] | None = None) -> BenchResult:
+    """Measure ``grid`` (casync cells and baselines) in ``setup`` and simulate its large-cluster grid."""
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    machine = machine_info()
+    cells = grid.cells()
+    groups = list(dict.fromkeys((m, w) for m, w, _, _ in cells)) or [(m, w) for m in grid.models for w in grid.workers]
+    sim_cells = grid.sim_cells() if simulate else []
+    bar = tqdm(total=(len(groups) if grid.baselines else 0) + len(cells) + len(sim_cells), desc="bench",
+               unit="cfg", disable=not progress, dynamic_ncols=True)
+    say = log or (lambda msg: bar.write(msg) if progress else None)
+    rows: list[Row] = []
+    result = BenchResult(setup=setup, grid=grid, rows=rows, sim_rows=[], machine=machine, command=command,
+                         seconds=0.0, iters=iters, warmup=warmup)
+    try:
+        # 1. baselines: real gloo processes, before this process starts or joins Ray
+        for model, workers in groups if grid.baselines else []:
+            bar.set_description(f"baselines {model} N={workers}")
+            try:
+                raw = run_baselines(setup.launcher(), model, workers, grid.baselines, iters=iters, warmup=warmup,
+                                    seed=seed)
+                for name in grid.baselines:
+                    e = raw[name]
+                    rows.append(Row(model=model, workers=workers, system="baseline", strategy=name,
+                                    codec={"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1",
+                                           "ddp-powersgd-r4": "powersgd r4"}.get(name, "none"),
+                                    sync_s=e["sync_median_s"], sync_all_s=e["sync_s"],
+                                    wall_s=sorted(e["backward_s"])[len(e["backward_s"]) // 2],
+                                    wire_bytes=e["wire_bytes"], dense_wire_bytes=e["dense_wire_bytes"],
+                                    compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
+                                    consistent=e["consistent"], rel_error=e.get("rel_error"),
+                                    link_bytes=e.get("link_bytes")))
+            except Exception as exc:  # recorded; the comparison goes on without them
+                say(f"baselines on {model} N={workers} failed: {_short(exc)}")
+                rows += [Row(model=model, workers=workers, system="baseline", strategy=name, codec="",
+                             error=_short(exc)) for name in grid.baselines]
+            bar.update(1)
+
+        # 2. casync cells on RayEngine
+        if cells:
+            _measure_cells(cells, grid, setup, rows, result, bar, say, iters=iters, warmup=warmup, seed=seed,
+                           profile=profile)
+
+        # 3. the simulated grid (compact templates)
+        for model, workers, bw, strategy, codec in sim_cells:
+            bar.set_description(f"simulate {model} N={workers} {bw:g}G {strategy}/{codec_label(codec)}")
+            cluster = _sim_cluster(workers, bw)
+            try:
+                plan = compact_plan(model, workers, strategy, codec, grid.codecs, cluster, profile)
+                wire = plan.wire_bytes()
+                dense = _dense_wire(plan)
+                result.sim_rows.append(SimRow(model=model, workers=workers, bandwidth_gbps=bw, strategy=strategy,
+                                              codec=codec, predicted_s=predicted_sync_s(predict(plan, cluster, profile)),
+                                              wire_bytes=wire, dense_wire_bytes=dense,
+                                              compression=dense / wire if wire else 1.0,
+                                              plan=plan_choices(plan) if strategy == "auto" else None))
+            except Exception as exc:
+                result.sim_rows.append(SimRow(model=model, workers=workers, bandwidth_gbps=bw, strategy=strategy,
+                                              codec=codec, predicted_s=math.nan, wire_bytes=0, dense_wire_bytes=0,
+                                              compression=math.nan, error=_short(exc)))
+            bar.update(1)
+    finally:
+        bar.close()
+    _speedups(rows)
+    for model, workers in result.groups():
+        best, worst = result.best_worst(model, workers)
+        if best is not None:
+            result.timelines[f"{model}/{workers}"] = {
+                which: dict(_row_key(row), records=result.measured_timelines.get(
+                    (model, workers, row.strategy, row.codec), [])) for which, row in (("best", best), ("worst", worst))}
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _sim_cluster(workers: int, bandwidth_gbps: float):
+    from ..costmodel import ClusterModel
+
+    return ClusterModel.for_workers(workers, workers_per_node=1, bandwidth_gbps=bandwidth_gbps)
+
+
+def _row_key(row: Row) -> dict[str, Any]:
+    return {"strategy": row.strategy, "codec": row.codec, "sync_s": row.sync_s}
+
+
+def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: BenchResult, bar, say, *, iters: int,
+                   warmup: int, seed: int, profile: Profile | None) -> None:
+    import ray
+
+    from ..runtime.ray_engine import connect_ray
+
+    started_ray = connect_ray(setup.ray_address, num_cpus=max(4, setup.cores) if setup.ray_address is None else None) \
+        if not ray.is_initialized() else False
+    try:
+        current: tuple[str, int] | None = None
+        store = exact = None
+        for model, workers, strategy, codec in cells:
+            if current != (model, workers):
+                current = (model, workers)
+                if store is not None:
+                    store.clear()
+                store = GradientStore(model, seed)
+                bar.set_description(f"exact mean {model} N={workers}")
+                exact = exact_mean(model, workers, seed)
+            bar.set_description(f"casync {model} N={workers} {strategy}/{codec_label(codec)}")
+            row = Row(model=model, workers=workers, system="casync", strategy=strategy, codec=codec)
+            try:
+                cluster = setup.cluster_model(workers)
+                plan = make_plan(model, workers, strategy, codec, grid.codecs, cluster, seed=seed, profile=profile)
+                row.wire_bytes = plan.wire_bytes()
+                row.dense_wire_bytes = _dense_wire(plan)
+                row.compression = row.dense_wire_bytes / row.wire_bytes if row.wire_bytes else 1.0
+                row.plan = plan_choices(plan) if strategy == "auto" else None
+                row.predicted_s = predicted_sync_s(predict(plan, cluster, profile))
+                run: EngineRun = measure_plan(plan, store, exact, address=setup.ray_address, iters=iters,
+                                              warmup=warmup, spread=setup.spread_workers,
+                                              link_bytes=setup.link_bytes if setup.kind == "netem" else None)
+                row.sync_s, row.sync_all_s = run.sync_median_s, run.sync_s
+                row.wall_s = sorted(run.wall_s)[len(run.wall_s) // 2]
+                row.consistent, row.rel_error, row.tasks = run.consistent, run.rel_error, run.tasks
+                row.link_bytes = run.link_bytes
+                result.plans[(model, workers, strategy, codec)] = plan
+                result.measured_timelines[(model, workers, strategy, codec)] = run.timeline
+            except Exception as exc:
+                row.error = _short(exc)
+                say(f"casync {model} N={workers} {strategy}/{codec} failed: {row.error}")
+                if os.environ.get("CASYNC_BENCH_DEBUG"):
+                    say(traceback.format_exc())
+            rows.append(row)
+            bar.update(1)
+        if store is not None:
+            store.clear()
+    finally:
+        if started_ray and ray.is_initialized():
+            ray.shutdown()
+
+
+def _speedups(rows: list[Row]) -> None:
+    """Each casync row's speed-up against the baselines of its (model, workers) group."""
+    by_group: dict[tuple[str, int], dict[str, float]] = {}
+    for r in rows:
+        if r.system == "baseline" and r.ok:
+            by_group.setdefault((r.model, r.workers), {})[r.strategy] = r.sync_s
+    for r in rows:
+        base = by_group.get((r.model, r.workers), {})
+        if r.ok:
+            r.speedup = {name: t / r.sync_s for name, t in base.items() if name in COMPARE_WITH or name == REFERENCE}

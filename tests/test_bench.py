@@ -1,0 +1,126 @@
+"""The strategy comparison (`casync bench`) on a tiny grid: every row in the table and the JSON, sane values.
+
+No timing thresholds: times only have to be positive and the derived columns consistent with them.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from casync.bench.grid import Grid, plan_arguments
+from casync.bench.setup import local_setup, netem_setup, parse_rate_gbps
+from casync.cli import main
+
+STRATEGIES = ("ps-twoway", "auto")
+CODECS = ("none", "onebit")
+BASELINES = ("gloo-bucket", "ddp-fp16", "ddp-powersgd-r1")
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory, ray_local):
+    out = tmp_path_factory.mktemp("bench")
+    code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", ",".join(STRATEGIES),
+                 "--codecs", ",".join(CODECS), "--baselines", ",".join(BASELINES), "--sim-workers", "8",
+                 "--sim-bandwidths", "1,10", "--iters", "2", "--warmup", "0", "--out", str(out), "--no-progress"])
+    return code, out, json.loads((out / "bench.json").read_text())
+
+
+def test_bench_exits_zero_and_writes_every_artifact(bench_run):
+    code, out, _ = bench_run
+    assert code == 0
+    assert (out / "bench.md").stat().st_size > 0
+    for name in ("bench_bars_tiny.png", "bench_sim_tiny.png", "gantt_tiny_N2_best_measured.png",
+                 "gantt_tiny_N2_best_predicted.png", "gantt_tiny_N2_worst_measured.png",
+                 "gantt_tiny_N2_worst_predicted.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_json_has_every_measured_row_with_sane_values(bench_run):
+    _, _, data = bench_run
+    rows = data["rows"]
+    casync = {(r["strategy"], r["codec"]): r for r in rows if r["system"] == "casync"}
+    expected = {(s, c) for s in STRATEGIES for c in CODECS} | {("auto", "auto")}
+    assert set(casync) == expected
+    assert {r["strategy"] for r in rows if r["system"] == "baseline"} == set(BASELINES)
+    gloo = next(r for r in rows if r["strategy"] == "gloo-bucket")
+    for r in rows:
+        assert r["error"] is None, r
+        assert r["model"] == "tiny" and r["workers"] == 2
+        assert r["sync_s"] > 0 and len(r["sync_all_s"]) == 2 and all(t > 0 for t in r["sync_all_s"])
+        assert min(r["sync_all_s"]) <= r["sync_s"] <= max(r["sync_all_s"])
+        assert r["consistent"] is True
+        assert 0 < r["wire_bytes"] <= r["dense_wire_bytes"]
+        assert r["compression"] == pytest.approx(r["dense_wire_bytes"] / r["wire_bytes"])
+    for (strategy, codec), r in casync.items():
+        assert r["speedup"]["gloo-bucket"] == pytest.approx(gloo["sync_s"] / r["sync_s"])
+        assert r["predicted_s"] > 0 and r["wall_s"] >= r["sync_s"]
+        if codec == "none":
+            assert r["compression"] == 1.0 and r["rel_error"] < 1e-6
+        if codec == "onebit" and strategy != "auto":
+            assert r["compression"] > 1.0 and 0 < r["rel_error"] < 2
+        if strategy == "auto":
+            assert r["plan"] and all(p["strategy"] in ("ps", "ring", "allgather") for p in r["plan"])
+    fp16 = next(r for r in rows if r["strategy"] == "ddp-fp16")
+    assert fp16["compression"] == pytest.approx(2.0) and 0 < fp16["rel_error"] < 1e-2
+    assert gloo["compression"] == 1.0 and gloo["rel_error"] < 1e-6
+
+
+def test_json_has_every_simulated_row(bench_run):
+    _, _, data = bench_run
+    sims = data["simulated"]
+    cells = {(r["workers"], r["bandwidth_gbps"], r["strategy"], r["codec"]) for r in sims}
+    expected = {(8, bw, s, c) for bw in (1.0, 10.0) for s in STRATEGIES for c in CODECS}
+    expected |= {(8, bw, "auto", "auto") for bw in (1.0, 10.0)}
+    assert cells == expected and len(sims) == len(expected)
+    for r in sims:
+        assert r["error"] is None and r["predicted_s"] > 0, r
+    for s in ("ps-twoway",):  # a slower link never makes the same plan faster
+        for c in CODECS:
+            t = {r["bandwidth_gbps"]: r["predicted_s"] for r in sims if r["strategy"] == s and r["codec"] == c}
+            assert t[1.0] >= t[10.0]
+
+
+def test_markdown_table_lists_every_row(bench_run):
+    _, out, data = bench_run
+    text = (out / "bench.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| casync |") or line.startswith("| torch")]
+    assert len(table) == len(data["rows"])
+    for label in ("all_reduce 25 MiB buckets", "DDP fp16_compress_hook", "DDP powerSGD_hook r1"):
+        assert label in text
+    for strategy in STRATEGIES:
+        assert sum(line.startswith(f"| casync | {strategy}") for line in table) == \
+            len(CODECS) + (strategy == "auto")
+    assert "## Simulated grid" in text and "N=8 1G" in text and "tiny" in text
+    assert text.count(" *") >= 1  # the best casync configuration is marked
+
+
+def test_grid_rejects_bad_cells():
+    with pytest.raises(ValueError, match="unknown strategy label"):
+        Grid(strategies=("butterfly",))
+    with pytest.raises(ValueError, match="unknown model"):
+        Grid(models=("resnet51",))
+    with pytest.raises(ValueError, match="only for strategy 'auto'"):
+        plan_arguments("ring", "auto", ("none",))
+    with pytest.raises(ValueError, match="unknown baseline"):
+        Grid(baselines=("nccl",))
+    with pytest.raises(ValueError, match="ints >= 2"):
+        Grid(workers=(1,))
+
+
+def test_setups_describe_their_cluster(tmp_path):
+    local = local_setup().cluster_model(4)
+    assert (local.nodes, local.workers_per_node) == (1, 4)
+    env = tmp_path / "links.env"
+    env.write_text("nodes=4\nrate=1gbit\ndelay=\nhead=10.77.0.1\nmeasured_gbps=0.95\nlatency_us=11\n")
+    setup = netem_setup(env)
+    cluster = setup.cluster_model(4)
+    assert (cluster.nodes, cluster.workers_per_node, cluster.bandwidth_gbps, cluster.latency_us) == (4, 1, 1.0, 11.0)
+    assert setup.launcher().prefix(2) == ["ip", "netns", "exec", "csn3"]
+    with pytest.raises(ValueError, match="one node each"):
+        setup.cluster_model(5)
+    assert parse_rate_gbps("500mbit") == 0.5 and math.isclose(parse_rate_gbps("10gbit"), 10.0)
+    env.write_text("nodes=4\n")
+    with pytest.raises(ValueError, match="missing rate"):
+        netem_setup(env)
