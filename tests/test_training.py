@@ -468,3 +468,19 @@ def test_cli_train_end_to_end(ray_local, tmp_path, capsys):
     assert read_checkpoint(ckpt).step == 3
     assert main(["train", "--model", "nope", "--steps", "1"]) == 2
     assert "unknown digits model 'nope'" in capsys.readouterr().err
+
+
+def _one_shot_data(rank, world_size):
+    x, y = load_split()[:2]
+    return ((x[i:i + 64], y[i:i + 64]) for i in range(rank * 64, 4 * 64, world_size * 64))  # a generator: 2 batches
+
+
+def test_data_that_cannot_be_iterated_twice_is_reported(ray_local):
+    trainer = casync.Trainer(SMALL, SGD(), cross_entropy, _one_shot_data, workers=2, progress=False, timeout_s=60,
+                             cpus_per_worker=CPUS)
+    try:
+        trainer.fit(steps=2)
+        with pytest.raises(ValueError, match=r"worker \d: data_fn's iterable is exhausted after one epoch"):
+            trainer.fit(steps=1)
+    finally:
+        trainer.close()

@@ -356,7 +356,11 @@ class TrainWorker(StepSyncActor):
                                  "batches") from None
             self.epoch += 1
             self._start_epoch()
-            batch = next(self._iter)
+            try:
+                batch = next(self._iter)
+            except StopIteration:
+                raise ValueError(f"worker {self.rank}: data_fn's iterable is exhausted after one epoch; return a "
+                                 "re-iterable (a list, a DataLoader), not an iterator or generator") from None
         self.index += 1
         return batch
 
