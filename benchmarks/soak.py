@@ -128,6 +128,37 @@ def cycles(plan: casync.SyncPlan, n: int) -> dict:
                 peak_alive_actors=peak_actors)
 
 
+def ray_baseline(calls: int, iters: int) -> dict:
+    """The driver's RSS over ``iters`` iterations of plain Ray with as many actor calls per iteration as a sync
+    makes (chained, small NumPy payloads, no casync): how much growth is Ray's own."""
+    @ray.remote(num_cpus=0.1)
+    class Echo:
+        def call(self, *args):
+            return np.ones(1000, np.float32)
+
+    actors = [Echo.remote() for _ in range(4)]
+    x = np.ones(40_000, np.float32)
+
+    def iteration() -> None:
+        refs = []
+        for k in range(calls):
+            refs.append(actors[k % 4].call.remote(x if k < 4 else refs[-1]))
+        ray.get(refs)
+
+    for _ in range(max(1, iters // 10)):  # warm-up, as the soak's first 10%
+        iteration()
+    gc.collect()
+    before = rss_mib()
+    for _ in range(iters):
+        iteration()
+    gc.collect()
+    after = rss_mib()
+    for a in actors:
+        ray.kill(a)
+    return dict(calls_per_iteration=calls, iterations=iters, driver_rss_before_mib=before, driver_rss_after_mib=after,
+                per_1k_iters=(after - before) / iters * 1000)
+
+
 def slope_per_1k(samples: list[dict], key: str) -> float:
     """Least-squares growth of ``key`` per 1,000 iterations, after the first 10% (warm-up)."""
     start = max(1, len(samples) // 10)
@@ -153,6 +184,10 @@ def main() -> None:
     identical = replay(plan, args.iters, last, state)
     print(f"cycles: {args.cycles} engine open/close", flush=True)
     cyc = cycles(plan, args.cycles)
+    with RayEngine(plan) as engine:
+        calls = len(engine.program.tasks) + 2 * len(engine.actors)  # fused tasks, one load and collect per actor
+    print(f"plain Ray baseline: {calls} actor calls per iteration", flush=True)
+    baseline = ray_baseline(calls, args.iters // 2)
     ray.shutdown()
 
     steady = samples[max(1, len(samples) // 10):]
@@ -172,7 +207,7 @@ def main() -> None:
     result = dict(plan=repr(plan), iterations=args.iters, seconds=elapsed, ms_per_iteration=1e3 * elapsed / args.iters,
                   machine=dict(cpus=os.cpu_count(), platform=platform.platform(), ray=ray.__version__),
                   summary=summary, growth_second_vs_first_half=growth, tolerance=tolerance, memory_flat=flat, replay_bit_identical=identical, cycles=cyc,
-                  cycles_leak_free=no_leak, samples=samples)
+                  cycles_leak_free=no_leak, ray_baseline=baseline, samples=samples)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -196,7 +231,11 @@ def report(r: dict) -> str:
         v = s[key]
         lines.append(f"| {label} | {v['first']:.2f} | {v['last']:.2f} | {v['min']:.2f} | {v['max']:.2f} | "
                      f"{r['growth_second_vs_first_half'][key]:+.2f} | {r['tolerance'][key]} | {v['per_1k_iters']:+.3f} |")
-    c = r["cycles"]
+    c, b = r["cycles"], r["ray_baseline"]
+    lines += ["", f"Plain Ray with the same {b['calls_per_iteration']} actor calls per iteration and no casync "
+                  f"(`ray_baseline`): driver RSS {b['driver_rss_before_mib']:.1f} -> {b['driver_rss_after_mib']:.1f} MiB "
+                  f"over {b['iterations']:,} iterations, {b['per_1k_iters']:+.3f} MiB per 1,000, against "
+                  f"{s['driver_rss_mib']['per_1k_iters']:+.3f} MiB per 1,000 for the casync driver above."]
     lines += ["", f"Memory flat: **{'yes' if r['memory_flat'] else 'NO'}**. Final results and error-feedback "
                   f"residuals replayed on LocalEngine: **{'bit-identical' if r['replay_bit_identical'] else 'DIFFERENT'}**.",
               "", f"## {c['cycles']} engine open/close cycles ({c['actors_per_engine']} actors each, {c['seconds']:.0f} s)",

@@ -233,12 +233,6 @@ def test_ray_engine_rejects_bad_sync_and_stays_usable(ray_local):
     plan = casync.build_plan(SHAPES, workers=2, strategy="ps", servers=1, codec="onebit")
     with casync.RayEngine(plan, timeout_s=60) as engine:
         _check_engine(engine, casync.LocalEngine(plan))
-    zero = casync.build_plan(ZERO_SHAPES, workers=2, codec="topk:ratio=0.5", bucket_bytes=0)
-    with casync.RayEngine(zero, timeout_s=60) as engine:
-        grads = make_grads(ZERO_SHAPES, 2)
-        got, expected = engine.sync(grads), casync.LocalEngine(zero).sync(grads)
-        for name in ZERO_SHAPES:
-            np.testing.assert_array_equal(got[1][name], expected[1][name])
         flats, _ = flatten_worker_grads(plan, _clean_grads(0))
         bucket = plan.buckets[0].name
         for bad, needle in ((flats[:1], "flats has 1 entries"),
@@ -247,6 +241,12 @@ def test_ray_engine_rejects_bad_sync_and_stays_usable(ray_local):
             with pytest.raises(ValueError, match=needle):
                 engine.run_flat(bad)
         assert len(engine.run_flat(flats)) == 2
+    zero = casync.build_plan(ZERO_SHAPES, workers=2, codec="topk:ratio=0.5", bucket_bytes=0)
+    with casync.RayEngine(zero, timeout_s=60) as engine:
+        grads = make_grads(ZERO_SHAPES, 2)
+        got, expected = engine.sync(grads), casync.LocalEngine(zero).sync(grads)
+        for name in ZERO_SHAPES:
+            np.testing.assert_array_equal(got[1][name], expected[1][name])
 
 
 RAY_ARGS = [
