@@ -21,7 +21,7 @@ def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
 
 def _ours_exist() -> bool:
     names = _run(["ip", "netns", "list"]).stdout.split()
-    return any(n.startswith("csn") for n in names) or _run(["ip", "link", "show", "csbr0"]).returncode == 0
+    return any(n.startswith(("csn", "cshost")) for n in names) or _run(["ip", "link", "show", "csbr0"]).returncode == 0
 
 
 def test_scripts_skip_without_root():
@@ -69,7 +69,11 @@ def test_links_are_shaped_connected_and_removed(network):
         bridge_side = _run(["tc", "qdisc", "show", "dev", dev + "b"]).stdout
         assert "tbf" in inside and "rate 100Mbit" in inside, inside
         assert "tbf" in bridge_side and "rate 100Mbit" in bridge_side, bridge_side
-    assert "tbf" not in _run(["tc", "-n", "csnh", "qdisc", "show", "dev", "csvh"]).stdout  # the head is not shaped
+    # the driver's link: 100 Mbit, except Ray's object-manager port (its result fetches) at 10x
+    for args in (["tc", "-n", "csnh", "class", "show", "dev", "csvh"], ["tc", "class", "show", "dev", "csvhb"]):
+        classes = _run(args).stdout
+        assert "class htb 1:10" in classes and "rate 100Mbit" in classes, classes
+        assert "class htb 1:20" in classes and "rate 1Gbit" in classes, classes
     # node 1 reaches node 2 across the bridge
     server = subprocess.Popen(["ip", "netns", "exec", "csn2", sys.executable, "-c",
                                "import socket; s = socket.socket(); s.bind(('10.77.0.12', 5999)); s.listen(1); "

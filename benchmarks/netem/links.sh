@@ -11,9 +11,13 @@
 # `tc tbf rate RATE`, so each node has a full-duplex NIC of RATE (egress shaped in the namespace,
 # ingress shaped on the bridge port); with --delay a netem child qdisc adds one-way delay on each end
 # (half the delay per end).  The kernel must have sch_netem for that; without it the delay is skipped
-# with a warning and the links keep their rate limit.  The head's link is left unshaped: it carries
-# only control traffic and the driver's result fetches, which are not part of the measured sync.
+# with a warning and the links keep their rate limit.
 #
+# The head's link is shaped to RATE too (the driver is a machine with the same NIC: Ray relays task
+# arguments and results under 100 KiB through it), except traffic to or from Ray's object-manager
+# port OM_PORT (8076), which gets 10x RATE: that is the driver fetching every worker's results after
+# each iteration, an artefact of measuring from a driver that a training job does not have.  An htb
+# qdisc with two classes does this split; `tc -s class show dev csvhb` counts the bytes of each.
 # Needs root, `ip` and `tc`; exits 77 (skipped) with a message where they are missing.
 # Every name starts with "cs" and the subnet is 10.77.0.0/24, to stay clear of other users of the machine.
 set -u
@@ -83,6 +87,27 @@ shape() {  # shape <netns or ""> <dev> <rate> <delay or "">
     fi
 }
 
+OM_PORT=8076
+
+shape_head() {  # shape_head <netns or ""> <dev> <rate>: htb, class 1:10 at rate (default), 1:20 object manager
+    local ns=$1 dev=$2 rate=$3 tcn fast
+    tcn=(tc); [ -n "$ns" ] && tcn=(tc -n "$ns")
+    fast=$(echo "$rate" | awk '{n=$0+0; u=$0; sub(/^[0-9.]+/, "", u); printf "%g%s", n*10, u}')
+    "${tcn[@]}" qdisc replace dev "$dev" root handle 1: htb default 10 || die "tc htb on $dev failed"
+    local b
+    b=$(burst_for "$rate")
+    "${tcn[@]}" class add dev "$dev" parent 1: classid 1:10 htb rate "$rate" burst "$b" cburst "$b" \
+        || die "tc htb class on $dev failed"
+    b=$(burst_for "$fast")
+    "${tcn[@]}" class add dev "$dev" parent 1: classid 1:20 htb rate "$fast" burst "$b" cburst "$b" \
+        || die "tc htb class on $dev failed"
+    local dir
+    for dir in sport dport; do
+        "${tcn[@]}" filter add dev "$dev" parent 1: protocol ip prio 1 u32 match ip "$dir" "$OM_PORT" 0xffff \
+            flowid 1:20 || die "tc filter on $dev failed"
+    done
+}
+
 cmd_up() {
     local nodes=4 rate=1gbit delay=""
     while [ $# -gt 0 ]; do
@@ -95,7 +120,7 @@ cmd_up() {
     done
     [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" -ge 1 ] && [ "$nodes" -le 200 ] || die "--nodes must be 1..200"
     burst_for "$rate" >/dev/null
-    if ip link show "$BRIDGE" >/dev/null 2>&1 || ip netns list | grep -qE '^csn'; then
+    if ip link show "$BRIDGE" >/dev/null 2>&1 || ip netns list | grep -qE '^(csn|cshost)'; then
         die "a casync emulated network already exists (run links.sh down first)"
     fi
     DELAY_OK=1
@@ -115,13 +140,21 @@ cmd_up() {
         if [ "$i" != 0 ]; then
             shape "$ns" "$dev" "$rate" "$delay"   # node egress
             shape "" "${dev}b" "$rate" "$delay"   # node ingress (the bridge port's egress)
+        else
+            shape_head "$ns" "$dev" "$rate"       # driver egress
+            shape_head "" "${dev}b" "$rate"       # driver ingress
         fi
     done
+    # a name for this machine's own network namespace, so that processes inside the cluster can read the
+    # bridge ports' counters (tc -n cshost ...); deleting the name later leaves the namespace alone
+    ip netns attach cshost $$ 2>/dev/null || die "ip netns attach cshost failed"
     mkdir -p "$STATE_DIR"
     local applied=""; [ -n "$delay" ] && [ "$DELAY_OK" = 1 ] && applied=$delay
-    printf 'nodes=%s\nrate=%s\ndelay=%s\nhead=%s\n' "$nodes" "$rate" "$applied" "$PREFIX.1" > "$STATE_DIR/links.env"
+    printf 'nodes=%s\nrate=%s\ndelay=%s\nhead=%s\nobject_manager_port=%s\n' "$nodes" "$rate" "$applied" \
+        "$PREFIX.1" "$OM_PORT" > "$STATE_DIR/links.env"
     UP_STARTED=0
-    echo "links.sh: up: $HEAD_NS ($PREFIX.1, unshaped) + $nodes node(s) csn1..csn$nodes ($PREFIX.11..), tbf rate $rate" \
+    echo "links.sh: up: $HEAD_NS ($PREFIX.1, htb: rate $rate, object-manager port $OM_PORT at 10x) + $nodes node(s)" \
+         "csn1..csn$nodes ($PREFIX.11..), tbf rate $rate" \
          "${applied:+, netem delay $applied one way}" >&2
 }
 
@@ -146,6 +179,7 @@ cmd_down() {
         ip link del "$dev" 2>/dev/null
     done
     ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -qx cshost && ip netns del cshost  # the name only
     rm -f "$STATE_DIR/links.env"
     echo "links.sh: down" >&2
 }
@@ -159,6 +193,7 @@ cmd_status() {
         tc -n "$ns" qdisc show | grep -v 'dev lo' | sed 's/^/   /'
     done
     tc qdisc show | grep -E 'dev csv' | sed 's/^/   bridge side: /'
+    ip link show csvhb >/dev/null 2>&1 && tc -s class show dev csvhb | sed 's/^/   into the head: /'
 }
 
 main() {

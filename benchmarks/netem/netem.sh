@@ -8,7 +8,7 @@
 #                 benchmarks/compare_strategies.py --netem ARGS inside csnh, and always down (trap)
 #   netem.sh exec CMD...                                        run CMD in csnh with the cluster's address/token
 #
-# The head runs in csnh (10.77.0.1, no CPUs: only the GCS, the driver and its object store); node I runs in
+# The head runs in csnh (10.77.0.1, no CPUs: the GCS, the driver and its object store); node I runs in
 # csnI (10.77.0.1I) with 1 CPU, its own object store and a custom resource casync_node_I, so that each
 # casync worker actor and each gloo/DDP baseline rank lands on its own node and every payload between
 # workers crosses two shaped veth ends.  Ray uses token auth with a token made for this cluster
@@ -24,6 +24,7 @@ STATE_DIR=${CASYNC_NETEM_STATE:-/run/casync-netem}
 export CASYNC_NETEM_STATE=$STATE_DIR
 HEAD_IP=10.77.0.1
 GCS_PORT=6379
+OM_PORT=8076   # links.sh gives this port's traffic into/out of the head (the driver's result fetch) 10x the rate
 NODE_STORE_BYTES=${CASYNC_NETEM_STORE_BYTES:-1500000000}
 HEAD_STORE_BYTES=${CASYNC_NETEM_HEAD_STORE_BYTES:-2000000000}
 TEMP_ROOT=/tmp/casync-netem
@@ -61,6 +62,7 @@ cmd_up() {
     ray_env
     log "starting the Ray head in csnh ($HEAD_IP:$GCS_PORT)"
     ip netns exec csnh "$RAY" start --head --node-ip-address=$HEAD_IP --port=$GCS_PORT --num-cpus=0 \
+        --object-manager-port=$OM_PORT \
         --object-store-memory="$HEAD_STORE_BYTES" --include-dashboard=false --disable-usage-stats \
         --temp-dir="$TEMP_ROOT/head" >"$TEMP_ROOT/head.log" 2>&1 \
         || { cat "$TEMP_ROOT/head.log" >&2; log "ray start --head failed"; return 1; }
@@ -69,6 +71,7 @@ cmd_up() {
         log "starting Ray node $i in csn$i (10.77.0.$((10 + i)))"
         ip netns exec "csn$i" "$RAY" start --address="$HEAD_IP:$GCS_PORT" --node-ip-address="10.77.0.$((10 + i))" \
             --num-cpus=1 --resources="{\"casync_node_$i\": 1}" --object-store-memory="$NODE_STORE_BYTES" \
+            --object-manager-port=$OM_PORT \
             --disable-usage-stats --temp-dir="$TEMP_ROOT/node$i" >"$TEMP_ROOT/node$i.log" 2>&1 \
             || { cat "$TEMP_ROOT/node$i.log" >&2; log "ray start on csn$i failed"; return 1; }
     done

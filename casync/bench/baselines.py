@@ -145,16 +145,12 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
 
 
 def _tx_bytes() -> int | None:
-    """Bytes this rank's network namespace has sent on its gloo interface (None on loopback, which other
-    processes of the machine share)."""
+    """Bytes this rank's namespace has sent on its gloo interface, counted by the interface's shaping qdisc
+    like casync's (None on loopback, which other processes of the machine share, or without tc)."""
+    from .setup import qdisc_sent_bytes
+
     iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
-    if iface == "lo":
-        return None
-    for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-        name, _, fields = line.partition(":")
-        if name.strip() == iface:
-            return int(fields.split()[8])
-    return None
+    return None if iface == "lo" else qdisc_sent_bytes(iface)
 
 
 def _rank_main(args: argparse.Namespace) -> None:

@@ -72,13 +72,14 @@ class Setup:
                             port=lambda: random.randint(20000, 29999))  # a fresh namespace: any port is free
 
     def link_bytes(self) -> int | None:
-        """Bytes sent between worker nodes so far (netem: the interface counters of the emulated links):
-        everything the worker nodes sent minus what the head received from them (the driver's result
-        fetches).  None where workers share a machine without links."""
+        """Bytes the worker nodes have sent so far over their emulated links, except the driver's fetch of
+        results (object-manager traffic into the head, counted by its own htb class): payloads to other
+        workers and those Ray relays through the driver (objects under 100 KiB travel inline via their
+        owner), with TCP/IP and Ray protocol overhead.  None where workers share a machine."""
         if self.kind != "netem":
             return None
-        sent = sum(_iface_counter(f"csn{i}", f"csv{i}", "tx_bytes") for i in range(1, self.nodes + 1))
-        return sent - _iface_counter("csnh", "csvh", "rx_bytes")
+        sent = sum(qdisc_sent_bytes(f"csv{i}", f"csn{i}") or 0 for i in range(1, self.nodes + 1))
+        return sent - _class_bytes("csvhb", "1:20")
 
     @property
     def spread_workers(self) -> bool:
@@ -86,15 +87,33 @@ class Setup:
         return self.kind == "netem"
 
 
-def _iface_counter(netns: str, dev: str, counter: str) -> int:
-    """One statistics counter of a device inside a network namespace (``ip -s -j``, needs root)."""
+def qdisc_sent_bytes(dev: str, netns: str | None = None) -> int | None:
+    """Bytes the root qdisc of ``dev`` has sent (``tc -s -j qdisc show``; needs root), counted as the wire
+    sees them (a segmentation-offloaded packet counts every segment's headers).  None where unreadable."""
     import json
     import subprocess
 
-    out = subprocess.run(["ip", "-n", netns, "-s", "-j", "link", "show", "dev", dev], capture_output=True, text=True,
+    try:
+        out = subprocess.run(["tc"] + (["-n", netns] if netns else []) + ["-s", "-j", "qdisc", "show", "dev", dev],
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    roots = [q for q in json.loads(out or "[]") if q.get("root")]
+    return int(roots[0]["bytes"]) if roots else None
+
+
+def _class_bytes(dev: str, classid: str) -> int:
+    """Bytes an htb class of a device on the bridge has sent (``tc -s class show`` in the machine's own
+    network namespace, named ``cshost`` by links.sh; this iproute2 prints no JSON for classes)."""
+    import re
+    import subprocess
+
+    out = subprocess.run(["tc", "-n", "cshost", "-s", "class", "show", "dev", dev], capture_output=True, text=True,
                          check=True, timeout=10).stdout
-    stats = json.loads(out)[0]["stats64"]
-    return int(stats["tx" if counter.startswith("tx") else "rx"]["bytes"])
+    match = re.search(rf"class htb {re.escape(classid)} .*?\n\s*Sent (\d+) bytes", out)
+    if not match:
+        raise RuntimeError(f"no htb class {classid} on {dev} (is the emulated network up?):\n{out}")
+    return int(match.group(1))
 
 
 def _free_local_port() -> int:
