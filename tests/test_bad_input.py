@@ -354,7 +354,7 @@ def _profile_with(mutate):
 
 
 PROFILE_CASES = [
-    ("version", lambda d: d.__setitem__("version", 2), "unsupported profile version 2"),
+    ("version", lambda d: d.__setitem__("version", 99), "unsupported profile version 99"),
     ("no version", lambda d: d.pop("version"), "version"),
     ("missing merge", lambda d: d.pop("merge"), "missing 'merge'"),
     ("codecs list", lambda d: d.__setitem__("codecs", []), "'codecs' must be a non-empty object"),
@@ -411,7 +411,7 @@ CLI_CASES = [
     (["simulate", "--model", "tiny", "--partitions", "x"], "--partitions must be 'auto' or an int"),
     (["simulate", "--model", "tiny", "--backward-ms", "nan"], "total_backward_s"),
     (["simulate", "--model", "tiny", "--strategy", "ring,tree"], "unknown strategy 'tree'"),
-    (["bench", "--model", "tiny", "--steps", "0", "--no-progress"], "steps must be an int >= 1"),
+    (["bench", "--model", "tiny", "--iters", "0", "--no-progress"], "--iters must be >= 1"),
     (["bench", "--model", "tiny", "--codecs", "zstd", "--no-progress"], "unknown codec 'zstd'"),
 ]
 
@@ -441,8 +441,8 @@ def test_cli_unreachable_cluster_fails_fast():
     import time
 
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "casync", "bench", "--model", "tiny", "--engine", "ray",
-                           "--address", "127.0.0.1:1", "--no-progress"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "casync", "bench", "--model", "tiny", "--baselines", "none", "--address", "127.0.0.1:1",
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "casync: error: no Ray cluster reachable at '127.0.0.1:1'" in done.stderr.strip().splitlines()[-1]
     assert time.monotonic() - started < 60

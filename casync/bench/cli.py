@@ -77,7 +77,7 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     from .setup import local_setup, netem_setup
 
     if args.iters < 1 or args.warmup < 0:
-        raise SystemExit(f"{prog}: --iters must be >= 1 and --warmup >= 0")
+        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     grid = grid_from_args(args)
     setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
     if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
@@ -113,4 +113,8 @@ def main(argv: list[str] | None = None, prog: str = "compare_strategies.py") -> 
     add_arguments(p)
     args = p.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
-    return run(args, prog)
+    try:
+        return run(args, prog)
+    except (ValueError, TypeError) as exc:  # bad input: one line, as `casync bench` prints it
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
