@@ -96,10 +96,10 @@ shape_head() {  # shape_head <netns or ""> <dev> <rate>: htb, class 1:10 at rate
     "${tcn[@]}" qdisc replace dev "$dev" root handle 1: htb default 10 || die "tc htb on $dev failed"
     local b
     b=$(burst_for "$rate")
-    "${tcn[@]}" class add dev "$dev" parent 1: classid 1:10 htb rate "$rate" burst "$b" cburst "$b" \
+    "${tcn[@]}" class add dev "$dev" parent 1: classid 1:10 htb rate "$rate" burst "$b" cburst "$b" quantum 60000 \
         || die "tc htb class on $dev failed"
     b=$(burst_for "$fast")
-    "${tcn[@]}" class add dev "$dev" parent 1: classid 1:20 htb rate "$fast" burst "$b" cburst "$b" \
+    "${tcn[@]}" class add dev "$dev" parent 1: classid 1:20 htb rate "$fast" burst "$b" cburst "$b" quantum 60000 \
         || die "tc htb class on $dev failed"
     local dir
     for dir in sport dport; do

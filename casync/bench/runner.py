@@ -171,24 +171,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
         # 1. baselines: real gloo processes, before this process starts or joins Ray
         for model, workers in groups if grid.baselines else []:
             bar.set_description(f"baselines {model} N={workers}")
-            try:
-                raw = run_baselines(setup.launcher(), model, workers, grid.baselines, iters=iters, warmup=warmup,
-                                    seed=seed)
-                for name in grid.baselines:
-                    e = raw[name]
-                    rows.append(Row(model=model, workers=workers, system="baseline", strategy=name,
-                                    codec={"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1",
-                                           "ddp-powersgd-r4": "powersgd r4"}.get(name, "none"),
-                                    sync_s=e["sync_median_s"], sync_all_s=e["sync_s"],
-                                    wall_s=sorted(e["backward_s"])[len(e["backward_s"]) // 2],
-                                    wire_bytes=e["wire_bytes"], dense_wire_bytes=e["dense_wire_bytes"],
-                                    compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
-                                    consistent=e["consistent"], rel_error=e.get("rel_error"),
-                                    link_bytes=e.get("link_bytes")))
-            except Exception as exc:  # recorded; the comparison goes on without them
-                say(f"baselines on {model} N={workers} failed: {_short(exc)}")
-                rows += [Row(model=model, workers=workers, system="baseline", strategy=name, codec="",
-                             error=_short(exc)) for name in grid.baselines]
+            rows += _baseline_rows(setup, model, workers, grid.baselines, iters, warmup, seed, say)
             bar.update(1)
 
         # 2. casync cells on RayEngine
@@ -225,6 +208,30 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
                     (model, workers, row.strategy, row.codec), [])) for which, row in (("best", best), ("worst", worst))}
     result.seconds = time.perf_counter() - started
     return result
+
+
+BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-powersgd-r4": "powersgd r4"}
+
+
+def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...], iters: int, warmup: int,
+                   seed: int, say: Callable[[str], None]) -> list[Row]:
+    """One row per baseline of a (model, workers) group; on failure, rows carrying the error."""
+    try:
+        raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
+    except Exception as exc:  # recorded; the comparison goes on without them
+        say(f"baselines on {model} N={workers} failed: {exc}")
+        return [Row(model=model, workers=workers, system="baseline", strategy=name, codec="", error=_short(exc))
+                for name in names]
+    rows = []
+    for name in names:
+        e = raw[name]
+        rows.append(Row(model=model, workers=workers, system="baseline", strategy=name,
+                        codec=BASELINE_PAYLOAD.get(name, "none"), sync_s=e["sync_median_s"], sync_all_s=e["sync_s"],
+                        wall_s=sorted(e["backward_s"])[len(e["backward_s"]) // 2], wire_bytes=e["wire_bytes"],
+                        dense_wire_bytes=e["dense_wire_bytes"],
+                        compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
+                        consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes")))
+    return rows
 
 
 def _sim_cluster(workers: int, bandwidth_gbps: float):
