@@ -68,6 +68,21 @@ def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]])
     return total
 
 
+def _check_same_model(path: str | Path, saved: dict[str, np.ndarray], model_fn: Callable) -> None:
+    """Refuse, before any actor starts, a checkpoint whose model state has other names or shapes than
+    ``model_fn``'s model."""
+    with torch.random.fork_rng():
+        model = model_fn() if callable(model_fn) else None
+    if not isinstance(model, torch.nn.Module):
+        return  # the constructor says what is wrong with model_fn
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    stored = {k: tuple(np.shape(v)) for k, v in saved.items()}
+    if built != stored:
+        diff = sorted(set(built.items()) ^ set(stored.items()))[:4]
+        raise ValueError(f"{path}: the checkpoint holds a different model than model_fn builds: (name, shape) "
+                         f"differ in {diff}")
+
+
 class Trainer:
     """Train a PyTorch model data-parallel on Ray workers, synchronizing gradients through a casync plan.
 
@@ -407,6 +422,7 @@ class Trainer:
         (bit-identical under the deterministic settings).  ``overrides``: constructor arguments to change
         (``address``, ``progress``, ``timeout_s``; planner inputs that were not saved)."""
         ck = read_checkpoint(path)
+        _check_same_model(path, ck.model, model_fn)
         config = ck.config
         kwargs = dict(config["options"], workers=config["workers"], strategy=config["strategy"],
                       codec=_codec_from_json(config["codec"]), **config["plan_options"])

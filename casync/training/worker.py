@@ -306,6 +306,8 @@ class TrainWorker(StepSyncActor):
         seed_everything(worker_seed(self.options.seed, self.rank))
         self.optimizer = optimizer_fn(self.model.parameters())
         self.data = data_fn(self.rank, self.world_size)
+        if self.data_length() == 0:
+            raise ValueError(f"worker {self.rank}: data_fn({self.rank}, {self.world_size}) returned an empty shard")
         self._iter: Any = None
         self.epoch, self.index = 0, 0
         self._epoch_rng: dict[str, Any] | None = None
@@ -371,6 +373,7 @@ class TrainWorker(StepSyncActor):
                 if name not in st.filled:
                     self._deliver(st, name, None)
         except BaseException as exc:
+            exc.add_note(f"(casync.Trainer worker {self.rank}, step {step}: data_fn's batch, loss_fn or backward)")
             with self._cond:
                 st.failed = f"worker {self.rank} failed computing step {step}: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
