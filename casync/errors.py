@@ -25,17 +25,20 @@ class NonFiniteGradientError(SyncError, ValueError):
 
     ``reports`` lists every offending (worker, tensor) with its NaN and Inf counts.  Nothing was
     synchronized: the engine's step and error-feedback state are as before the call, and it stays usable.
+    ``step``: the training step, when a Trainer raised it.
     """
 
-    def __init__(self, reports: list[Any]):
+    def __init__(self, reports: list[Any], step: int | None = None):
         self.reports = list(reports)
+        self.step = step
         shown = "; ".join(str(r) for r in self.reports[:5])
         more = f"; and {len(self.reports) - 5} more" if len(self.reports) > 5 else ""
-        super().__init__(f"non-finite gradient values: {shown}{more} (build_plan(nonfinite='skip') skips such "
-                         "steps on every worker, 'propagate' passes NaN/Inf through)")
+        when = f"step {step}: " if step is not None else ""
+        super().__init__(f"{when}non-finite gradient values: {shown}{more} (build_plan(nonfinite='skip') skips "
+                         "such steps on every worker, 'propagate' passes NaN/Inf through)")
 
     def __reduce__(self):  # picklable across processes with its reports
-        return (type(self), (self.reports,))
+        return (type(self), (self.reports, self.step))
 
 
 class PlanFormatError(ValueError):

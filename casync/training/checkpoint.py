@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,15 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if meta.get("version") != VERSION:
         raise ValueError(f"{meta_path}: checkpoint version {meta.get('version')!r} is not supported "
                          f"(expected {VERSION})")
+    try:
+        return _parse(path, meta)
+    except (KeyError, TypeError, ValueError, IndexError, OSError, RuntimeError, EOFError,
+            pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: corrupted Trainer checkpoint ({type(exc).__name__}: {exc})"[:400]) from exc
+
+
+def _parse(path: Path, meta: dict[str, Any]) -> Checkpoint:
+    """The checkpoint's arrays and state dicts, as ``meta`` (trainer.json) indexes them."""
     with np.load(path / "arrays.npz", allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
     index = meta["arrays"]

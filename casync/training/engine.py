@@ -20,6 +20,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..nonfinite import layouts
 from ..plan import SyncPlan
 from ..runtime.program import Program, compile_program
 from ..runtime.ray_engine import DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, submit_iteration, timeline_rows
@@ -35,6 +36,7 @@ class StepRefs:
     full: bool
     train: dict[str, Any]  # worker -> train_step ref
     finish: dict[str, Any]  # actor -> finish ref
+    nonfinite: dict[str, Any] = field(default_factory=dict)  # worker -> ref of its NaN/Inf reports
     stats: dict[str, dict] = field(default_factory=dict)  # worker -> train_step result
     recorded: bool = False
     wall: float = float("nan")  # driver seconds of the iteration that computed this step
@@ -93,7 +95,7 @@ class TrainEngine:
             if name.startswith("worker:"):
                 self.actors[name] = worker_cls.options(**opts).remote(
                     name, int(name.split(":")[1]), self.plan.workers, tasks, self.codecs, self.plan.seed, partitions,
-                    layout, fns, self.options, warmup)
+                    layout, fns, self.options, warmup, layouts(self.plan), self.plan.nonfinite)
             else:
                 self.actors[name] = server_cls.options(**opts).remote(
                     name, tasks, self.codecs, self.plan.seed, partitions, self.options.timeout_s)
@@ -143,13 +145,17 @@ class TrainEngine:
             if name not in train:  # a PS server: opens the step once the previous one is done
                 leading[name] = [self.actors[name].begin.remote(step, *leading.get(name, []))]
         tokens = submit_iteration(program, self.actors, step, leading)
-        finish = {a: self.actors[a].finish.remote(step, *tokens[a]) for a in self.actors}
-        return StepRefs(step=step, full=full, train=train, finish=finish)
+        finished = {a: self.actors[a].finish.remote(step, *tokens[a]) for a in self.actors}
+        return StepRefs(step=step, full=full, train=train, finish={a: f[0] for a, f in finished.items()},
+                        nonfinite={w: finished[w][1] for w in self.workers})
 
     def apply(self, refs: StepRefs, after: dict[str, Any], check: bool) -> dict[str, Any]:
-        """Submit every worker's optimizer step for ``refs``' step, after ``after[worker]`` (a train_step)."""
-        return {w: self.actors[w].apply.remote(refs.step, check, *([refs.finish[w]] if w in refs.finish else []),
-                                               after[w]) for w in self.workers}
+        """Submit every worker's optimizer step for ``refs``' step, after ``after[worker]`` (a train_step).
+        Each gets every worker's NaN/Inf reports of the step, so all of them void it or none."""
+        reports = [refs.nonfinite[w] for w in self.workers if w in refs.nonfinite]
+        return {w: self.actors[w].apply.remote(refs.step, check, len(reports), *reports,
+                                               *([refs.finish[w]] if w in refs.finish else []), after[w])
+                for w in self.workers}
 
     def call(self, method: str, *args: Any, actors: list[str] | None = None) -> list[Any]:
         """Call ``method`` on each actor (default: every worker) and wait for the results."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -16,6 +16,8 @@ class StepRecord:
     ``exposed_sync_s`` the part of it during which the worker was not computing (forward/backward);
     ``hidden_fraction`` = 1 - exposed/sync.  ``bytes_sent`` counts every payload put on the wire by every
     actor; ``compression_ratio`` compares it with the float32 bytes the same sends would carry.
+    ``nonfinite`` names each (worker, parameter) whose gradient held NaN/Inf; ``skipped``: the update was
+    skipped for it on every worker (``nonfinite="skip"``).
     """
 
     step: int
@@ -33,6 +35,8 @@ class StepRecord:
     full_precision: bool = False
     density: float | None = None
     replicas_checked: bool = False
+    skipped: bool = False
+    nonfinite: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -17,7 +17,7 @@ import torch
 from primitives.codecs import Codec, get_codec
 
 from ..build import BucketChoice, assemble_plan, build_plan
-from ..errors import ReplicaMismatchError
+from ..errors import NonFiniteGradientError, ReplicaMismatchError
 from ..plan import SyncPlan
 from ..state import EngineState
 from .checkpoint import read_checkpoint, write_checkpoint
@@ -68,6 +68,21 @@ def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]])
     return total
 
 
+def _check_same_model(path: str | Path, saved: dict[str, np.ndarray], model_fn: Callable) -> None:
+    """Refuse, before any actor starts, a checkpoint whose model state has other names or shapes than
+    ``model_fn``'s model."""
+    with torch.random.fork_rng():
+        model = model_fn() if callable(model_fn) else None
+    if not isinstance(model, torch.nn.Module):
+        return  # the constructor says what is wrong with model_fn
+    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    stored = {k: tuple(np.shape(v)) for k, v in saved.items()}
+    if built != stored:
+        diff = sorted(set(built.items()) ^ set(stored.items()))[:4]
+        raise ValueError(f"{path}: the checkpoint holds a different model than model_fn builds: (name, shape) "
+                         f"differ in {diff}")
+
+
 class Trainer:
     """Train a PyTorch model data-parallel on Ray workers, synchronizing gradients through a casync plan.
 
@@ -87,6 +102,11 @@ class Trainer:
     :class:`casync.ReplicaMismatchError`.  Failures raise :class:`casync.SyncError` subclasses (or the
     exception your function raised) within ``timeout_s``; the trainer is unusable afterwards — ``load`` the
     last checkpoint.
+    * NaN/Inf in a worker's gradient follow the plan option ``nonfinite``: ``"raise"`` (default) raises
+      :class:`casync.NonFiniteGradientError` naming the step, worker and parameter, with every worker's
+      parameters, optimizer, residuals and momentum buffers as before that step, so ``fit`` can go on (from
+      the next batch) or you ``load`` a checkpoint; ``"skip"`` skips that step's update on every worker (its
+      record says ``skipped``); ``"propagate"`` applies the NaN/Inf on every replica alike.
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
@@ -213,12 +233,13 @@ class Trainer:
             for _ in range(n):
                 for record in self._one_step():
                     out.append(record)
+                    self.history.append(record)  # kept even when a later step raises
                     bar.set_postfix(loss=f"{record.loss:.4f}", sync_ms=f"{record.sync_s * 1e3:.1f}",
                                     hidden=f"{record.hidden_fraction:.0%}", refresh=False)
                 bar.update(1)
             if self._pending is not None and not self._pending.recorded:
                 out.append(self._record_pending())
-        self.history.extend(out)
+                self.history.append(out[-1])
         return out
 
     def _is_full(self, step: int) -> bool:
@@ -241,6 +262,9 @@ class Trainer:
             finished = engine.get(list(refs.finish.values()), f"synchronizing step {t}", deadline)
             updates = engine.get(list(applied.values()), f"applying step {t}", deadline)
             updates = dict(zip(engine.workers, updates))
+            voided = self._voided(t, updates, rollback=True)
+            if voided and self.plan.nonfinite == "raise":  # nothing of step t changed anything: t is run again
+                raise NonFiniteGradientError(voided, step=t)
             self.step += 1
             refs.wall = time.perf_counter() - start
             record = self._record(refs, dict(zip(engine.actors, finished)), updates, None)
@@ -254,6 +278,11 @@ class Trainer:
             applied = engine.apply(prev, refs.train, self._check_step(prev.step))
             updates = dict(zip(engine.workers, engine.get(list(applied.values()), f"applying step {prev.step}",
                                                           deadline)))
+            voided = self._voided(prev.step, updates, rollback=False)
+            if voided and self.plan.nonfinite == "raise":
+                engine._fail(f"non-finite gradients in step {prev.step}, and step {t} had already started from "
+                             "its error-feedback state (delayed_update)")
+                raise NonFiniteGradientError(voided, step=prev.step)
             if not prev.recorded:
                 finished = engine.get(list(prev.finish.values()), f"synchronizing step {prev.step}", deadline)
                 records.append(self._record(prev, dict(zip(engine.actors, finished)), updates, refs.stats))
@@ -262,6 +291,21 @@ class Trainer:
         self.step += 1
         refs.wall = time.perf_counter() - start
         return records
+
+    def _voided(self, step: int, updates: dict[str, dict], rollback: bool) -> list[Any]:
+        """The NaN/Inf reports for which every worker voided ``step`` (empty: applied); with ``rollback``
+        the dedicated PS servers' residuals go back to before the step, as the workers' already did."""
+        voided = [u["voided"] for u in updates.values()]
+        if not any(voided):
+            return []
+        if any(v != voided[0] for v in voided):
+            self._engine._fail(f"workers disagreed on voiding step {step}")
+            raise ReplicaMismatchError(f"step {step}: workers disagree on whether NaN/Inf voided the step: "
+                                       f"{dict(zip(updates, voided))}")
+        servers = [a for a in self._engine.actors if a not in self._engine.workers]
+        if rollback and servers:
+            self._engine.call("rollback", step, actors=servers)
+        return voided[0]
 
     def _record_pending(self) -> StepRecord:
         """The record of a delayed step whose update is still in flight (its sync has finished)."""
@@ -292,6 +336,7 @@ class Trainer:
         sent = sum(f["sent"] for f in finished.values())
         raw = sum(f["raw"] for f in finished.values())
         samples = sum(s["samples"] for s in refs.stats.values())
+        found = [str(r) for w in self._engine.workers for r in finished[w]["nonfinite"]]
         wall = refs.wall
         refs.recorded = True
         return StepRecord(
@@ -300,7 +345,8 @@ class Trainer:
             sync_s=sync_s, exposed_sync_s=exposed_s, hidden_fraction=1 - exposed_s / sync_s if sync_s else 0.0,
             bytes_sent=sent, raw_bytes=raw, compression_ratio=raw / sent if sent else float("nan"),
             full_precision=refs.full, density=refs.stats[self._engine.workers[0]]["density"],
-            replicas_checked=bool(updates) and any(u["hash"] is not None for u in updates.values()))
+            replicas_checked=bool(updates) and any(u["hash"] is not None for u in updates.values()),
+            skipped=bool(found) and self.plan.nonfinite == "skip", nonfinite=found)
 
     # -- replicas ------------------------------------------------------------------------------------
     def _compare_hashes(self, step: int | str, updates: dict[str, dict]) -> None:
@@ -376,6 +422,7 @@ class Trainer:
         (bit-identical under the deterministic settings).  ``overrides``: constructor arguments to change
         (``address``, ``progress``, ``timeout_s``; planner inputs that were not saved)."""
         ck = read_checkpoint(path)
+        _check_same_model(path, ck.model, model_fn)
         config = ck.config
         kwargs = dict(config["options"], workers=config["workers"], strategy=config["strategy"],
                       codec=_codec_from_json(config["codec"]), **config["plan_options"])

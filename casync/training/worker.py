@@ -26,6 +26,7 @@ import torch
 from primitives.codecs import Codec, payload_nbytes
 
 from ..errors import SyncError, SyncTimeoutError
+from ..nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..runtime.program import FusedTask
 from ..runtime.ray_actor import SyncActor
 from .dgc import MomentumCorrection, warmup_ratio
@@ -53,6 +54,9 @@ class _Step:
     raw: int = 0
     results: dict[str, np.ndarray] | None = None
     compute: list[tuple] = field(default_factory=list)
+    scanned: set[str] = field(default_factory=set)  # buckets whose local gradient was checked for NaN/Inf
+    nonfinite: list[NonFiniteReport] = field(default_factory=list)  # what those checks found
+    momentum: dict[str, np.ndarray] | None = None  # momentum-correction buffers before the step (to void it)
 
 
 class StepSyncActor:
@@ -60,7 +64,8 @@ class StepSyncActor:
 
     Each step gets its own :class:`~casync.runtime.ray_actor.SyncActor` core, so step t's sync can finish
     while step t+1's gradients are being produced.  Residuals commit when a step finishes; the next step's
-    ops read them at their first op (the driver orders that first op after the commit).
+    ops read them at their first op (the driver orders that first op after the commit).  The residuals from
+    before the last committed step are kept, so a step voided for NaN/Inf can be rolled back.
     """
 
     def __init__(self, name: str, tasks: list[FusedTask], codecs: dict[str, Codec], plan_seed: int,
@@ -74,6 +79,9 @@ class StepSyncActor:
         self._partitions = partitions
         self._timeout_s = timeout_s
         self.residuals: dict[str, np.ndarray] = {}
+        self._previous: tuple[int, dict[str, np.ndarray]] | None = None  # (step, residuals before it)
+        self._layouts: dict[str, BucketLayout] = {}  # a worker's buckets, for its NaN/Inf scans
+        self._rank = -1
         self._steps: dict[int, _Step] = {}
         self._cond = threading.Condition()
         self._broken: str | None = None
@@ -132,29 +140,53 @@ class StepSyncActor:
         if st.fresh:
             st.core.pending = dict(self.residuals)
             st.fresh = False
+        if task.tensor not in st.scanned and task.id in self._needs_local:
+            self._scan(st, task.tensor)
         out = st.core.run(step, task.id, n_after, *args)
         if task.outputs:
             st.sent += sum(payload_nbytes(p) for p in out[:-1])
             st.raw += sum(4 * s.attrs["numel"] for s in task.steps if s.attrs["op"] == "send")
         return out
 
-    @ray.method(concurrency_group=SYNC_GROUP)
-    def finish(self, step: int, *tokens: Any) -> dict[str, Any]:
-        """After every task of ``step`` on this actor: commit residuals, keep the results, report the ops."""
+    def _scan(self, st: _Step, bucket: str) -> None:
+        """Check this worker's gradient of ``bucket`` for NaN/Inf before its first op (on the compression
+        thread, so before any encode of it): name what is found, and flag the partitions whose encodes must
+        carry the values on the side (``casync.nonfinite``)."""
+        st.scanned.add(bucket)
+        layout = self._layouts.get(bucket)
+        if layout is None or bucket not in st.grads:
+            return
+        found, parts = scan_worker([layout], self._rank, st.grads)
+        st.nonfinite.extend(found)
+        st.core.flagged.update(parts)
+
+    @ray.method(concurrency_group=SYNC_GROUP, num_returns=2)
+    def finish(self, step: int, *tokens: Any) -> tuple[dict[str, Any], list[NonFiniteReport]]:
+        """After every task of ``step`` on this actor: commit residuals, keep the results, report the ops.
+        The second return is this worker's NaN/Inf reports alone: every worker's ``apply`` takes all of them,
+        so each decides alike whether the step is voided."""
         with self._cond:
             st = self._steps.get(step)
         if st is None:
             raise SyncError(f"{self.name}: step {step} finished without having started")
         records = self._compressor.submit(self._finish_ops, st).result()
         self._finished(st)
-        return {"records": records, "sent": st.sent, "raw": st.raw}
+        return {"records": records, "sent": st.sent, "raw": st.raw, "nonfinite": st.nonfinite}, st.nonfinite
 
     def _finish_ops(self, st: _Step) -> list[tuple]:
-        results, records, _ = st.core.collect(st.step)  # NaN/Inf reports: not used by the trainer yet
+        for bucket in self._layouts.keys() - st.scanned:  # a bucket no op of this actor read: still named
+            self._scan(st, bucket)
+        results, records, _ = st.core.collect(st.step)
         if not st.fresh:
+            self._previous = (st.step, self.residuals)
             self.residuals = st.core.residuals
         st.results, st.finished, st.core = results, True, None
         return records
+
+    def rollback(self, step: int) -> None:
+        """Undo ``step``'s residual updates (it was voided for NaN/Inf); only the last committed step can be."""
+        if self._previous is not None and self._previous[0] == step:
+            self.residuals, self._previous = self._previous[1], None
 
     def _finished(self, st: _Step) -> None:
         with self._cond:  # a server has nothing to apply: the step is done
@@ -173,6 +205,7 @@ class StepSyncActor:
 
     def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
         self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
+        self._previous = None
 
 
 # -- RNG state as plain data (JSON-able: checkpoints hold no pickles) ------------------------
@@ -245,9 +278,10 @@ class TrainWorker(StepSyncActor):
     def __init__(self, name: str, rank: int, world_size: int, tasks: list[FusedTask], codecs: dict[str, Codec],
                  plan_seed: int, partitions: dict[str, list[tuple[int, int]]], layout: Layout,
                  fns: tuple[Callable, Callable, Callable, Callable], options: TrainOptions,
-                 warmup: dict[str, Codec]):
+                 warmup: dict[str, Codec], layouts: list[BucketLayout] = (), nonfinite: str = "raise"):
         super().__init__(name, tasks, codecs, plan_seed, partitions, options.timeout_s)
         self.rank, self.world_size, self.options = rank, world_size, options
+        self._rank, self._layouts, self.nonfinite = rank, {lay.name: lay for lay in layouts}, nonfinite
         self._warmup = warmup
         self._init_error: BaseException | None = None
         try:
@@ -272,6 +306,8 @@ class TrainWorker(StepSyncActor):
         seed_everything(worker_seed(self.options.seed, self.rank))
         self.optimizer = optimizer_fn(self.model.parameters())
         self.data = data_fn(self.rank, self.world_size)
+        if self.data_length() == 0:
+            raise ValueError(f"worker {self.rank}: data_fn({self.rank}, {self.world_size}) returned an empty shard")
         self._iter: Any = None
         self.epoch, self.index = 0, 0
         self._epoch_rng: dict[str, Any] | None = None
@@ -315,6 +351,8 @@ class TrainWorker(StepSyncActor):
         codecs, density = self._codecs_for(step, full)
         grads = {b: np.empty(n, np.float32) for b, n in self._bucket_numel.items()}
         st = self._open(step, grads, {b: len(m) for b, m in self._bucket_members.items()}, codecs)
+        if self._momentum is not None and self.nonfinite != "propagate" and not self.options.delayed_update:
+            st.momentum = self._momentum.state_dict()  # restored if the step is voided for NaN/Inf
         self._current = st
         try:
             batch = self._next_batch()
@@ -335,6 +373,7 @@ class TrainWorker(StepSyncActor):
                 if name not in st.filled:
                     self._deliver(st, name, None)
         except BaseException as exc:
+            exc.add_note(f"(casync.Trainer worker {self.rank}, step {step}: data_fn's batch, loss_fn or backward)")
             with self._cond:
                 st.failed = f"worker {self.rank} failed computing step {step}: {type(exc).__name__}: {exc}"
                 self._cond.notify_all()
@@ -397,21 +436,36 @@ class TrainWorker(StepSyncActor):
     def _finished(self, st: _Step) -> None:
         pass  # a worker keeps the finished step until apply() uses its results
 
-    def apply(self, step: int, check: bool, *after: Any) -> dict[str, Any]:
-        """Apply step ``step``'s synchronized gradients with the optimizer; optionally hash the parameters."""
+    def apply(self, step: int, check: bool, n_reports: int, *args: Any) -> dict[str, Any]:
+        """Apply step ``step``'s synchronized gradients with the optimizer; optionally hash the parameters.
+
+        ``args[:n_reports]``: every worker's NaN/Inf reports of the step (the rest only orders this call).
+        Under ``nonfinite="raise"`` or ``"skip"`` any report voids the step on this worker, as on every other
+        (they all see the same reports): no optimizer step, and without ``delayed_update`` the error-feedback
+        residuals and momentum-correction buffers go back to before the step."""
+        reports = [r for worker_reports in args[:n_reports] for r in worker_reports]
         with self._cond:
             st = self._steps.get(step)
             if st is None or not st.finished:
                 raise SyncError(f"{self.name}: apply of step {step}, whose sync has not finished")
             del self._steps[step]
         u0 = time.time()
+        if reports and self.nonfinite != "propagate":
+            if not self.options.delayed_update:  # with it, step t+1's sync has already read these residuals
+                self.rollback(step)
+                if st.momentum is not None:
+                    self._momentum.load_state_dict(st.momentum)
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"update": ("update", "", -1, u0, time.time(), 0, ""), "voided": reports,
+                    "hash": self.param_hash() if check else None}
         self._set_grads(self._trained, st.results)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.options.momentum_masking:
             self._mask_momentum()
         u1 = time.time()
-        return {"update": ("update", "", -1, u0, u1, 0, ""), "hash": self.param_hash() if check else None}
+        return {"update": ("update", "", -1, u0, u1, 0, ""), "voided": [],
+                "hash": self.param_hash() if check else None}
 
     def _set_grads(self, params: list[tuple[str, torch.Tensor]], results: dict[str, np.ndarray]) -> None:
         for name, p in params:
