@@ -23,7 +23,8 @@ def bench_run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("bench")
     code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", ",".join(STRATEGIES),
                  "--codecs", ",".join(CODECS), "--baselines", ",".join(BASELINES), "--sim-workers", "8",
-                 "--sim-bandwidths", "1,10", "--iters", "2", "--warmup", "0", "--out", str(out), "--no-progress"])
+                 "--sim-bandwidths", "1,10", "--iters", "2", "--warmup", "0", "--head-to-head", "1", "--out", str(out),
+                 "--no-progress"])
     return code, out, json.loads((out / "bench.json").read_text())
 
 
@@ -65,6 +66,18 @@ def test_json_has_every_measured_row_with_sane_values(bench_run):
     fp16 = next(r for r in rows if r["strategy"] == "ddp-fp16")
     assert fp16["compression"] == pytest.approx(2.0) and 0 < fp16["rel_error"] < 1e-2
     assert gloo["compression"] == 1.0 and gloo["rel_error"] < 1e-6
+
+
+def test_head_to_head_remeasures_the_fastest_configuration(bench_run):
+    _, out, data = bench_run
+    record = data["head_to_head"]["tiny/2"]
+    fastest = min((r for r in data["rows"] if r["system"] == "casync"), key=lambda r: r["sync_s"])
+    assert (record["strategy"], record["codec"]) == (fastest["strategy"], fastest["codec"])
+    assert record["baselines"] == ["gloo-bucket", "ddp-powersgd-r1"]  # those of the head-to-head set that ran
+    (only,) = record["rounds"]
+    assert all(only[k] > 0 for k in ("gloo-bucket", "ddp-powersgd-r1", "casync"))
+    assert record["median_speedup"]["gloo-bucket"] == pytest.approx(only["gloo-bucket"] / only["casync"])
+    assert "## Head to head" in (out / "bench.md").read_text()
 
 
 def test_json_has_every_simulated_row(bench_run):

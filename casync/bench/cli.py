@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sim", action="store_true", help="skip the simulated grid")
     p.add_argument("--iters", type=int, default=3, help="timed iterations per configuration")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations before them")
+    p.add_argument("--head-to-head", type=int, default=0, metavar="ROUNDS",
+                   help="afterwards, re-measure the fastest casync configuration and the gloo/PowerSGD baselines "
+                        "alternately for ROUNDS rounds (ratios under the same machine load)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", default=None, help="Ray cluster to join (default: an embedded local Ray)")
     p.add_argument("--netem", default=None, metavar="LINKS_ENV",
@@ -76,8 +79,9 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     from .runner import run_bench
     from .setup import local_setup, netem_setup
 
-    if args.iters < 1 or args.warmup < 0:
-        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    if args.iters < 1 or args.warmup < 0 or args.head_to_head < 0:
+        raise ValueError(f"--iters must be >= 1, --warmup and --head-to-head >= 0, got {args.iters}, "
+                         f"{args.warmup} and {args.head_to_head}")
     grid = grid_from_args(args)
     setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
     if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
@@ -93,7 +97,7 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     print(f"{prog}: {len(grid.cells())} casync configurations + baselines {', '.join(grid.baselines) or 'none'} "
           f"({setup.describe()}); {0 if args.no_sim else len(grid.sim_cells())} simulated", file=sys.stderr)
     result = run_bench(grid, setup, iters=args.iters, warmup=args.warmup, seed=args.seed, simulate=not args.no_sim,
-                       progress=not args.no_progress, command=command)
+                       progress=not args.no_progress, command=command, head_to_head=args.head_to_head)
     print(text_summary(result))
     if args.out:
         written = write_report(result, args.out)

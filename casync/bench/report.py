@@ -115,6 +115,22 @@ def summary_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
     return headers, body
 
 
+def head_to_head_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
+    """Per group and round: the reference baselines' and the fastest casync configuration's sync times."""
+    headers, body = [], []
+    for key, rec in result.head_to_head.items():
+        names = rec["baselines"]
+        headers = ["model/N", "round", "casync configuration"] + [f"{BASELINES[n]} ms" for n in names] + \
+            ["casync ms"] + [f"×{BASELINES[n]}" for n in names]
+        for i, x in enumerate(rec["rounds"], 1):
+            body.append([key, i, rec["casync"]] + [_ms(x[n]) for n in names] + [_ms(x["casync"])]
+                        + [round(x[n] / x["casync"], 2) for n in names])
+        if rec.get("median_speedup"):
+            body.append([key, "median", rec["casync"]] + [""] * (len(names) + 1)
+                        + [round(rec["median_speedup"][n], 2) for n in names])
+    return headers, body
+
+
 def sim_tables(result: BenchResult) -> dict[str, tuple[list[str], list[list[Any]]]]:
     """Per model: rows strategy/codec, columns (N, Gbps), predicted sync ms; ``*`` marks each column's best."""
     out = {}
@@ -157,6 +173,13 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
     headers, body = summary_table(result)
     if body:
         L += ["## Best casync configuration against the baselines", "", markdown_table(headers, body), ""]
+    headers, body = head_to_head_table(result)
+    if body:
+        L += ["## Head to head", "",
+              "After the grid, the fastest casync configuration and the reference baselines measured again, "
+              "alternating round by round (each entry: the median sync of "
+              f"{result.iters} timed iterations), so that each ratio compares runs minutes apart on this shared "
+              "machine.", "", markdown_table(headers, body), ""]
     for model, workers in result.groups():
         L += [f"## {model}, {workers} workers", ""]
         headers, body = group_table(result, model, workers)
@@ -188,6 +211,9 @@ def text_summary(result: BenchResult) -> str:
     for model, workers in result.groups():
         headers, body = group_table(result, model, workers)
         out += [f"{model}, {workers} workers ({result.setup.kind}):", format_table(headers, body), ""]
+    headers, body = head_to_head_table(result)
+    if body:
+        out += ["head to head (interleaved re-measurement):", format_table(headers, body), ""]
     return "\n".join(out)
 
 

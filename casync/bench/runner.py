@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import statistics
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -90,6 +91,7 @@ class BenchResult:
     iters: int
     warmup: int
     timelines: dict[str, dict[str, Any]] = field(default_factory=dict)  # "model/N" -> best/worst measured rows
+    head_to_head: dict[str, dict[str, Any]] = field(default_factory=dict)  # "model/N" -> interleaved rounds
     plans: dict[tuple, Any] = field(default_factory=dict, repr=False)    # (model, N, strategy, codec) -> plan
     measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
 
@@ -112,7 +114,8 @@ class BenchResult:
                 "grid": asdict(self.grid), "machine": self.machine, "command": self.command,
                 "seconds": self.seconds, "iters": self.iters, "warmup": self.warmup,
                 "rows": [dict(asdict(r), label=r.label) for r in self.rows],
-                "simulated": [asdict(r) for r in self.sim_rows], "timelines": self.timelines}
+                "simulated": [asdict(r) for r in self.sim_rows], "head_to_head": self.head_to_head,
+                "timelines": self.timelines}
 
 
 def machine_info() -> dict[str, Any]:
@@ -152,8 +155,13 @@ def _short(exc: BaseException) -> str:
 
 def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed: int = 0, simulate: bool = True,
               progress: bool = True, command: str = "", profile: Profile | None = None,
-              log: Callable[[str], None] | None = None) -> BenchResult:
-    """Measure ``grid`` (casync cells and baselines) in ``setup`` and simulate its large-cluster grid."""
+              log: Callable[[str], None] | None = None, head_to_head: int = 0) -> BenchResult:
+    """Measure ``grid`` (casync cells and baselines) in ``setup`` and simulate its large-cluster grid.
+
+    ``head_to_head`` rounds: afterwards, per (model, workers), the fastest casync configuration and the
+    reference baselines are measured again, alternating, so that their ratio comes from runs minutes apart
+    under the same machine load rather than from opposite ends of a long grid.
+    """
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -161,7 +169,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
     cells = grid.cells()
     groups = list(dict.fromkeys((m, w) for m, w, _, _ in cells)) or [(m, w) for m in grid.models for w in grid.workers]
     sim_cells = grid.sim_cells() if simulate else []
-    bar = tqdm(total=(len(groups) if grid.baselines else 0) + len(cells) + len(sim_cells), desc="bench",
+    h2h_units = len(groups) * head_to_head if grid.baselines and cells else 0
+    bar = tqdm(total=(len(groups) if grid.baselines else 0) + len(cells) + len(sim_cells) + h2h_units, desc="bench",
                unit="cfg", disable=not progress, dynamic_ncols=True)
     say = log or (lambda msg: bar.write(msg) if progress else None)
     rows: list[Row] = []
@@ -177,7 +186,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
         # 2. casync cells on RayEngine
         if cells:
             _measure_cells(cells, grid, setup, rows, result, bar, say, iters=iters, warmup=warmup, seed=seed,
-                           profile=profile)
+                           profile=profile, head_to_head=head_to_head if grid.baselines else 0)
 
         # 3. the simulated grid (compact templates)
         for model, workers, bw, strategy, codec in sim_cells:
@@ -245,7 +254,7 @@ def _row_key(row: Row) -> dict[str, Any]:
 
 
 def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: BenchResult, bar, say, *, iters: int,
-                   warmup: int, seed: int, profile: Profile | None) -> None:
+                   warmup: int, seed: int, profile: Profile | None, head_to_head: int = 0) -> None:
     import ray
 
     from ..runtime.ray_engine import connect_ray
@@ -291,9 +300,48 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
             bar.update(1)
         if store is not None:
             store.clear()
+        if head_to_head:
+            for model, workers in result.groups():
+                _head_to_head(result, setup, model, workers, head_to_head, iters, warmup, seed, bar, say)
     finally:
         if started_ray and ray.is_initialized():
             ray.shutdown()
+
+
+#: the baselines a head-to-head re-measures next to the fastest casync configuration
+HEAD_TO_HEAD_BASELINES = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")
+
+
+def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, rounds: int, iters: int, warmup: int,
+                  seed: int, bar, say) -> None:
+    """Alternate the reference baselines and the fastest casync configuration of a group, ``rounds`` times."""
+    best, _ = result.best_worst(model, workers)
+    names = tuple(n for n in HEAD_TO_HEAD_BASELINES if n in result.grid.baselines)
+    plan = result.plans.get((model, workers, best.strategy, best.codec)) if best else None
+    if plan is None or not names:
+        bar.update(rounds)
+        return
+    store = GradientStore(model, seed)
+    record: dict[str, Any] = {"casync": best.label, "strategy": best.strategy, "codec": best.codec,
+                              "baselines": list(names), "rounds": []}
+    try:
+        for r in range(rounds):
+            bar.set_description(f"head to head {model} N={workers}, round {r + 1}/{rounds}")
+            try:
+                raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
+                run = measure_plan(plan, store, None, address=setup.ray_address, iters=iters, warmup=warmup,
+                                   spread=setup.spread_workers)
+            except Exception as exc:
+                say(f"head to head {model} N={workers} round {r + 1} failed: {exc}")
+                record.setdefault("errors", []).append(_short(exc))
+            else:
+                record["rounds"].append({**{n: raw[n]["sync_median_s"] for n in names}, "casync": run.sync_median_s})
+            bar.update(1)
+    finally:
+        store.clear()
+    if record["rounds"]:
+        record["median_speedup"] = {n: statistics.median(x[n] / x["casync"] for x in record["rounds"]) for n in names}
+    result.head_to_head[f"{model}/{workers}"] = record
 
 
 def _speedups(rows: list[Row]) -> None:
