@@ -119,7 +119,7 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                         hops.append((cur.input_bytes, cur.start - cur.input_ready - copy))
     measured_s = sum(m for m, _ in totals.values())
     predicted_s = sum(p for _, p in totals.values())
-    if predicted_s <= 0 or not gaps or len(hops) < 2:
+    if predicted_s <= 0 or not gaps or not hops:  # one hop fits a constant latency (_fit_hop)
         raise ValueError(f"not enough measured data to fit the runtime (runs with at most {max_actors_per_core} "
                          f"actors per core): {len(gaps)} task gaps, {len(hops)} hops, {predicted_s:.3g}s of "
                          "profiled compute")
