@@ -81,8 +81,11 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
 
     if args.iters < 1 or args.warmup < 0 or args.head_to_head < 0:
         raise SystemExit(f"{prog}: --iters must be >= 1, --warmup and --head-to-head >= 0")
-    grid = grid_from_args(args)
-    setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
+    try:
+        grid = grid_from_args(args)
+        setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
+    except (ValueError, OSError) as exc:  # a bad model/codec/strategy name, an unreadable links.env
+        raise SystemExit(f"{prog}: {exc}") from None
     if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
         raise SystemExit(f"{prog}: the gloo/DDP baselines start their ranks on this machine, so against a Ray cluster "
                          "(--address) they would not share its links; add --baselines none, or use the emulated "
