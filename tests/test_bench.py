@@ -122,6 +122,18 @@ def test_grid_rejects_bad_cells():
         Grid(workers=(1,))
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--codecs", "sevenbit"], "sevenbit"),
+    (["--strategies", "butterfly"], "butterfly"),
+    (["--models", "resnet51"], "resnet51"),
+    (["--iters", "0"], "--iters"),
+])
+def test_bad_arguments_exit_with_a_message(args, needle, capsys):
+    assert main(["bench", "--no-progress"] + args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("casync: error:") and needle in err[0]
+
+
 def test_setups_describe_their_cluster(tmp_path):
     local = local_setup().cluster_model(4)
     assert (local.nodes, local.workers_per_node) == (1, 4)
