@@ -39,8 +39,7 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
     else:
         if corrected is x:
             corrected = x.copy()
-        payload = codec.encode(corrected, seed)
-        np.subtract(corrected, codec.decode(payload, corrected.size), out=corrected)
+        payload = codec.encode_keep_error(corrected, seed)  # corrected becomes the unsent remainder
         if side is not None:
             corrected[side[1]] = 0
         residuals[ef_key] = corrected

@@ -126,6 +126,23 @@ def test_non_contiguous_input_is_accepted(codec):
 
 
 @codec_param
+@pytest.mark.parametrize("n", [0, 1, 7, 1000, 100_000])
+@pytest.mark.parametrize("strided", [False, True])
+def test_encode_keep_error_leaves_exactly_the_unsent_remainder(codec, n, strided):
+    """Error feedback's fast path: the same payload as encode, and x becomes x - decode(payload) bit for bit."""
+    base = gaussian(3 * n if strided else n, seed=n)
+    base[:5] = [0.0, -0.0, 1e-40, -3.0, 3.0][: base.size]
+    x = base[::3] if strided else base
+    expected_payload = codec.encode(x.copy(), seed=9)
+    expected = x - codec.decode(expected_payload, x.size)
+    payload = codec.encode_keep_error(x, seed=9)
+    assert payload.keys() == expected_payload.keys()
+    for key in payload:
+        np.testing.assert_array_equal(payload[key], expected_payload[key])
+    assert x.tobytes() == expected.tobytes()
+
+
+@codec_param
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(0, 5000))
 def test_compressed_nbytes_matches_payload(codec, n):

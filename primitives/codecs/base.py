@@ -55,6 +55,16 @@ class Codec(ABC):
         mutate decoded values use this to skip a copy).  Default: :meth:`decode`."""
         return self.decode(payload, n)
 
+    def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
+        """Encode ``x`` and leave in ``x`` (in place) what the payload does not carry: ``x - decode(payload)``.
+
+        Error feedback needs that remainder every step.  The default decodes and subtracts (two passes over
+        ``x``); sparse codecs override it to touch only the ``k`` entries they send, bit-identically.
+        """
+        payload = self.encode(x, seed)
+        np.subtract(x, self.decode(payload, x.size), out=x)
+        return payload
+
     @abstractmethod
     def compressed_nbytes(self, n: int) -> int:
         """Exact wire size in bytes of the payload for ``n`` elements."""

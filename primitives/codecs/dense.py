@@ -15,6 +15,12 @@ class NoneCodec(Codec):
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return {"values": as_input(x)}
 
+    def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
+        """The payload must not alias ``x``, which becomes the (zero) remainder."""
+        values = as_input(x).copy()
+        np.subtract(x, values, out=x)
+        return {"values": values}
+
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         n = check_length(n)
         return field(payload, "values", np.float32, (n,), self.name).copy()

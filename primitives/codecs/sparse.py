@@ -197,6 +197,12 @@ class TopKCodec(_SparseCodec):
         idx, values = topk(x, self.k(n), check_seed(seed))
         return {"indices": idx.astype(index_dtype(n)), "values": values}
 
+    def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
+        """Encode, then subtract the sent values at their indices only (the rest of ``x`` is unsent)."""
+        payload = self.encode(x, seed)
+        x[payload["indices"]] -= payload["values"]
+        return payload
+
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         k = self.k(n)
         idx = field(payload, "indices", index_dtype(n), (k,), self.name)
@@ -258,6 +264,15 @@ class RandomKCodec(_SparseCodec):
         seed = check_seed(seed)
         idx = random_indices(x.size, self.k(x.size), seed)
         return {"seed": np.array([seed], np.uint64), "values": x[idx]}
+
+    def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
+        """Encode, then subtract the sent values at their indices only (drawn once, not again by decoding)."""
+        seed = check_seed(seed)
+        n = as_input(x).size
+        idx = random_indices(n, self.k(n), seed)
+        values = x[idx]
+        x[idx] -= values
+        return {"seed": np.array([seed], np.uint64), "values": values}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         k = self.k(n)
