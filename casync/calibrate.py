@@ -85,9 +85,11 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                 max_actors_per_core: float = 1.0, cores: int | None = None, dispatch_s: float = 0.0) -> RuntimeCosts:
     """Fit :class:`RuntimeCosts` from measured runs: ``(plan, [rows of step 1, rows of step 2, ...])``.
 
-    Compute scale comes only from runs with at most ``max_actors_per_core`` actors per core (``cores``:
-    this machine's), where an op's wall time is its own and not time-sliced with another actor's — the
-    simulator models that sharing itself with ``ClusterModel.cores_per_node``.
+    Compute scale is the ops' CPU time (the ``cpu`` of each record: the actor thread's own work, never
+    time-sliced with another actor) over their profiled time; records without ``cpu`` count by wall time,
+    and only from runs with at most ``max_actors_per_core`` actors per core (``cores``: this machine's).
+    Gaps and hops are wall time, so they too come only from those runs.  Sharing cores between actors is
+    the simulator's to model (``ClusterModel.cores_per_node``).
     """
     totals: dict[str, list[float]] = {}  # scale key -> [measured s, profiled s]
     gaps: list[float] = []
@@ -95,21 +97,28 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
     for plan, steps in runs:
         graph = plan.graph
         program = compile_program(plan)
-        if cores is not None and len(plan.actors) > max_actors_per_core * cores:
-            continue  # time-sliced actors: op times and gaps include waiting for a core
+        # time-sliced actors: wall times include waiting for a core
+        sliced = cores is not None and len(plan.actors) > max_actors_per_core * cores
         for rows in steps:
             for r in rows:
-                if r["op"] in COMPUTE_OPS and r.get("node") in graph:
+                if r["op"] in COMPUTE_OPS and r.get("node") in graph and (r.get("cpu") is not None or not sliced):
                     a = graph.nodes[r["node"]]
                     key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
                     total = totals.setdefault(key, [0.0, 0.0])
-                    total[0] += r["end"] - r["start"]
+                    total[0] += r["cpu"] if r.get("cpu") is not None else r["end"] - r["start"]
                     total[1] += _predicted_op_s(a, profile, graph.in_degree(r["node"]))
+            if sliced:
+                continue
             by_actor: dict[str, list[TaskSpan]] = {}
             for span in task_spans(program, rows):
                 by_actor.setdefault(span.actor, []).append(span)
             for spans in by_actor.values():
                 spans.sort(key=lambda s: s.start)
+                first = spans[0] if spans else None
+                if first is not None and first.input_ready is not None and first.start > first.input_ready:
+                    # the actor's first task waited only for its payload: a hop
+                    copy = first.input_bytes / profile.transfer_beta_bps
+                    hops.append((first.input_bytes, first.start - first.input_ready - copy))
                 for prev, cur in zip(spans, spans[1:]):
                     if cur.input_ready is None or cur.input_ready < prev.start:  # inputs there well before: a pure gap
                         # less storing prev's returns, which the simulator charges to the sender as its copy
@@ -119,14 +128,18 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                         hops.append((cur.input_bytes, cur.start - cur.input_ready - copy))
     measured_s = sum(m for m, _ in totals.values())
     predicted_s = sum(p for _, p in totals.values())
-    if predicted_s <= 0 or not gaps or not hops:  # one hop fits a constant latency (_fit_hop)
+    if predicted_s <= 0 or not gaps:
         raise ValueError(f"not enough measured data to fit the runtime (runs with at most {max_actors_per_core} "
                          f"actors per core): {len(gaps)} task gaps, {len(hops)} hops, {predicted_s:.3g}s of "
                          "profiled compute")
+    gap = max(0.0, statistics.median(gaps))
+    # one hop fits a constant latency (_fit_hop); with none (every payload arrived while its consumer was
+    # still busy, e.g. slow codecs) a hop costs what starting any task costs: the gap
+    hop = _fit_hop(hops) if hops else LinearCost(gap, 0.0)
     # a per-op scale only where the profiled time is large enough to be a ratio, not noise over nothing
     op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
-    return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=max(0.0, statistics.median(gaps)),
-                        hop=_fit_hop(hops), op_scale=op_scale, dispatch_s=dispatch_s,
+    return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=gap,
+                        hop=hop, op_scale=op_scale, dispatch_s=dispatch_s,
                         samples={"gaps": len(gaps), "hops": len(hops), "ops": len(totals)})
 
 

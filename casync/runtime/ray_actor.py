@@ -81,7 +81,7 @@ class SyncActor:
             self.flagged = set(flagged or ())
         self.keep_previous = keep_previous
         self.pending = dict(self.residuals)
-        self.records.append(("load", "", -1, start, time.time(), sum(g.nbytes for g in self.grads.values()), ""))
+        self.records.append(("load", "", -1, start, time.time(), sum(g.nbytes for g in self.grads.values()), "", 0.0))
         return start
 
     def run(self, step: int, task_id: int, n_after: int, *args: Any) -> Any:
@@ -99,10 +99,12 @@ class SyncActor:
             if a.get("local_input"):
                 start, stop = self.partitions[a["tensor"]][a["part"]]
                 local = self.grads[a["tensor"]][start:stop]
-            t0 = time.time()
+            t0, cpu0 = time.time(), time.thread_time()
             result = run_node(a, [values[u] for u in s.inputs], local, codecs=self.codecs, residuals=self.pending,
                               plan_seed=self.plan_seed, step=step, flagged=self.flagged)
-            self.records.append((a["op"], a["tensor"], a["part"], t0, time.time(), a["nbytes"], s.node))
+            # wall time, and this thread's CPU time (the op's own work, without waiting for a core)
+            self.records.append((a["op"], a["tensor"], a["part"], t0, time.time(), a["nbytes"], s.node,
+                                 time.thread_time() - cpu0))
             values[s.node] = result
             if a.get("output"):
                 self._write_result(a["tensor"], a["part"], result)

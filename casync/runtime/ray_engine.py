@@ -30,7 +30,7 @@ from .ray_actor import RemoteSyncActor
 
 DEFAULT_CPUS_PER_ACTOR = 0.1
 TIMELINE_STEPS_KEPT = 16  # timeline() covers the most recent iterations only
-TIMELINE_FIELDS = ("op", "actor", "tensor", "part", "start", "end", "nbytes", "node", "step")
+TIMELINE_FIELDS = ("op", "actor", "tensor", "part", "start", "end", "nbytes", "node", "step", "cpu")
 
 
 @contextmanager
@@ -132,14 +132,14 @@ def submit_iteration(program: Program, actors: dict[str, Any], step: int,
 
 
 def timeline_rows(plan: SyncPlan, step: int, records: dict[str, list[tuple]]) -> list[dict[str, Any]]:
-    """Actor op records ``(op, tensor, part, start, end, nbytes, node)`` as timeline rows sorted by start;
+    """Actor op records ``(op, tensor, part, start, end, nbytes, node, cpu)`` as timeline rows sorted by start;
     a recv spans from the moment its payload was sent to the moment its task used it."""
     send_end: dict[str, float] = {}
     rows = []
     for actor, actor_records in records.items():
-        for op, tensor, part, start, end, nbytes, node in actor_records:
+        for op, tensor, part, start, end, nbytes, node, cpu in actor_records:
             rows.append(dict(op=op, actor=actor, tensor=tensor, part=part, start=start, end=end,
-                             nbytes=nbytes, node=node, step=step))
+                             nbytes=nbytes, node=node, step=step, cpu=cpu))
             if op == "send":
                 send_end[node] = end
     graph = plan.graph
@@ -367,8 +367,9 @@ class RayEngine:
             self._records = [r for r in self._records if r["step"] > keep]
 
     def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
-        """Per-op records (op, actor, tensor, part, start, end, nbytes, node, step), times in seconds since the
-        first record of the selection.  ``op == "load"`` is shipping gradients in, separate from the sync."""
+        """Per-op records (op, actor, tensor, part, start, end, nbytes, node, step, cpu), times in seconds since
+        the first record of the selection; ``cpu`` is the CPU seconds the actor's thread spent in the op (less
+        than ``end - start`` when it waited for a core).  ``op == "load"`` is shipping gradients in."""
         rows = [dict(r) for r in self._records if step is None or r["step"] == step]
         if rows:
             t0 = min(r["start"] for r in rows)
