@@ -6,7 +6,8 @@ For each configuration (strategy x codec x 2-4 workers):
 
 1. calibrate: run ``casync.calibrate.calibration_plans`` (synthetic log-spaced tensors — not the validation
    model — 2 workers, ring and ps with the configuration's codec) on RayEngine and fit the runtime's costs
-   (op scale in a loaded actor, gap per fused task, per-hop latency) on top of the packaged profile;
+   (op CPU time in an actor over the profiled one, gap per fused task, per-hop latency, dispatch CPU per
+   task) on top of the packaged profile;
 2. measure ``--model``'s gradients on RayEngine (median sync span over ``--iters`` steps after a warm-up)
    and simulate the same plan on a one-node ClusterModel with this machine's core count, with the
    calibrated profile and with the uncalibrated one.
