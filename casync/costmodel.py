@@ -225,7 +225,9 @@ class Profile:
 class ClusterModel:
     """The cluster a plan is simulated on: ``nodes`` x ``workers_per_node`` workers, NICs of
     ``bandwidth_gbps`` with ``latency_us`` one-way latency, ``compute_lanes`` per actor, and optionally
-    ``cores_per_node`` CPU cores that all compute on a node competes for (this machine: 2)."""
+    ``cores_per_node`` CPU cores that all compute on a node competes for (this machine: 2), or
+    ``host_cores``: the nodes are emulated on one machine (network namespaces) and all compete for its
+    cores."""
 
     nodes: int = 1
     workers_per_node: int = 4
@@ -233,11 +235,16 @@ class ClusterModel:
     latency_us: float = 50.0
     compute_lanes: int = 1
     cores_per_node: int | None = None  # CPU cores the actors of a node share (None: no contention)
+    host_cores: int | None = None  # CPU cores every node shares (emulated nodes on one machine); None: not so
 
     def __post_init__(self) -> None:
-        if self.cores_per_node is not None and (isinstance(self.cores_per_node, bool)
-                                                or not isinstance(self.cores_per_node, int) or self.cores_per_node < 1):
-            raise ValueError(f"ClusterModel.cores_per_node must be None or an int >= 1, got {self.cores_per_node!r}")
+        for name in ("cores_per_node", "host_cores"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"ClusterModel.{name} must be None or an int >= 1, got {v!r}")
+        if self.cores_per_node is not None and self.host_cores is not None:
+            raise ValueError("ClusterModel: give cores_per_node (each node its own cores) or host_cores (all nodes "
+                             "share one machine's cores), not both")
         for name in ("nodes", "workers_per_node", "compute_lanes"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -255,6 +262,14 @@ class ClusterModel:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         return cls(nodes=max(1, -(-workers // workers_per_node)), workers_per_node=workers_per_node, **kw)
+
+    def core_pool(self, node: int) -> tuple[str, int] | None:
+        """``(name, cores)`` of the CPU cores that compute on ``node`` competes for; None: no contention."""
+        if self.host_cores:
+            return "host", self.host_cores
+        if self.cores_per_node:
+            return f"node{node}", self.cores_per_node
+        return None
 
     @property
     def bytes_per_s(self) -> float:

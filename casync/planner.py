@@ -184,9 +184,12 @@ class Estimator:
         self.o = profile.task_cost_s
         self.node = np.array([cluster.node_of(f"worker:{w}") for w in range(workers)])
         self.nodes = int(self.node.max()) + 1 if workers else 1
-        self.cores = cluster.cores_per_node
+        self.cores = cluster.host_cores or cluster.cores_per_node
+        # which pool of cores each worker's compute competes in: its node's, or the one host's
+        self.pool = np.zeros_like(self.node) if cluster.host_cores else self.node
+        self.pools = int(self.pool.max()) + 1 if workers else 1
         self.lanes = cluster.compute_lanes
-        self.R = 3 * workers + (self.nodes if self.cores else 0)
+        self.R = 3 * workers + (self.pools if self.cores else 0)
         self._memo: dict[tuple, _Cost] = {}
         self._none = get_codec("none")
 
@@ -238,12 +241,12 @@ class Estimator:
         head_min = float(first[used].min()) if used.any() else 0.0
         tail_min = float((L - last[used]).min()) if used.any() else 0.0
         if self.cores:
-            node_work = np.zeros(self.nodes)
-            np.add.at(node_work, self.node, acc.work[0] / min(self.cores, self.lanes * max(1, self._wpn())))
-            node_first = np.full(self.nodes, np.inf)
-            node_last = np.full(self.nodes, -np.inf)
-            np.minimum.at(node_first, self.node, acc.first[0])
-            np.maximum.at(node_last, self.node, acc.last[0])
+            node_work = np.zeros(self.pools)
+            np.add.at(node_work, self.pool, acc.work[0] / min(self.cores, self.lanes * max(1, self._wpp())))
+            node_first = np.full(self.pools, np.inf)
+            node_last = np.full(self.pools, -np.inf)
+            np.minimum.at(node_first, self.pool, acc.first[0])
+            np.maximum.at(node_last, self.pool, acc.last[0])
             work = np.concatenate([work, node_work])
             first = np.concatenate([first, node_first])
             last = np.concatenate([last, node_last])
@@ -264,6 +267,10 @@ class Estimator:
 
     def _wpn(self) -> int:
         return max(1, int(np.bincount(self.node).max()))
+
+    def _wpp(self) -> int:
+        """Most workers competing in one pool of cores."""
+        return max(1, int(np.bincount(self.pool).max()))
 
     # -- strategies ----------------------------------------------------------------------------------------
     def _single(self, acc: "_Acc", n: int, K: int, option: Option) -> tuple[float, int]:

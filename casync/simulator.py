@@ -104,9 +104,9 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     def compute_lanes(actor: str) -> list[str]:
         """The actor's least busy compute lane, plus one of its node's shared cores when cores are modelled."""
         lanes = [min((f"{actor}/compute{i}" for i in range(cluster.compute_lanes)), key=lambda lane: lane_free[lane])]
-        if cluster.cores_per_node:
-            cores = (f"node{node_of[actor]}/core{i}" for i in range(cluster.cores_per_node))
-            lanes.append(min(cores, key=lambda lane: lane_free[lane]))
+        pool = cluster.core_pool(node_of[actor])
+        if pool is not None:
+            lanes.append(min((f"{pool[0]}/core{i}" for i in range(pool[1])), key=lambda lane: lane_free[lane]))
         return lanes
 
     while heap:
@@ -138,8 +138,9 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
                 task_seen.add(key)
                 duration += profile.task_cost_s
                 dispatch = profile.dispatch_s
-                if dispatch and cluster.cores_per_node:  # the driver and raylet's CPU for this task, on the head node
-                    core = min((f"node0/core{i}" for i in range(cluster.cores_per_node)), key=lambda l: lane_free[l])
+                head = cluster.core_pool(0)
+                if dispatch and head is not None:  # the driver and raylet's CPU for this task, on the head node
+                    core = min((f"{head[0]}/core{i}" for i in range(head[1])), key=lambda l: lane_free[l])
                     lane_free[core] = max(lane_free[core], t_ready) + dispatch
         lane_ready = max((lane_free[lane] for lane in lanes), default=0.0)
         if lane_ready > start:  # waited for a lane: the op that held it is on the critical path

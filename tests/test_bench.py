@@ -11,21 +11,48 @@ import pytest
 
 from casync.bench.grid import Grid, plan_arguments
 from casync.bench.setup import local_setup, netem_setup, parse_rate_gbps
+from casync.bench.predict import compact_plan, make_plan
 from casync.cli import main
+from casync.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from casync.simulator import simulate
 
 STRATEGIES = ("ps-twoway", "auto")
 CODECS = ("none", "onebit")
 BASELINES = ("gloo-bucket", "ddp-fp16", "ddp-powersgd-r1")
 
 
+#: a profile as `casync profile --calibrate-ray` writes one: micro-benchmark costs plus a Ray runtime
+CALIBRATED = Profile.default().with_runtime(RuntimeCosts(compute_scale=3.0, task_gap_s=0.003,
+                                                         hop=LinearCost(0.004, 0.0), dispatch_s=0.0004))
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("bench")
+    profile = CALIBRATED.save(out / "calibrated.json")
     code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", ",".join(STRATEGIES),
                  "--codecs", ",".join(CODECS), "--baselines", ",".join(BASELINES), "--sim-workers", "8",
                  "--sim-bandwidths", "1,10", "--iters", "2", "--warmup", "0", "--head-to-head", "1", "--out", str(out),
-                 "--no-progress"])
+                 "--no-progress", "--profile", str(profile)])
     return code, out, json.loads((out / "bench.json").read_text())
+
+
+def test_measured_rows_are_predicted_with_the_given_profile_and_the_large_grid_without_its_runtime(bench_run):
+    _, out, data = bench_run
+    assert str(out / "calibrated.json") in data["predicted_with"] and "calibrated" in data["predicted_with"]
+    assert data["predicted_with"] in (out / "bench.md").read_text()
+    row = next(r for r in data["rows"] if r["system"] == "casync" and r["strategy"] == "ps-twoway"
+               and r["codec"] == "onebit")
+    setup = local_setup()
+    plan = make_plan("tiny", 2, "ps-twoway", "onebit", CODECS, setup.cluster_model(2))
+    cluster = setup.cluster_model(2)
+    assert row["predicted_s"] == pytest.approx(simulate(plan, cluster, CALIBRATED).sync_time())
+    assert row["predicted_s"] > 1.5 * simulate(plan, cluster).sync_time()  # the runtime was charged
+    sim = next(r for r in data["simulated"] if r["strategy"] == "ps-twoway" and r["codec"] == "onebit"
+               and r["bandwidth_gbps"] == 1.0)
+    cluster = ClusterModel.for_workers(8, workers_per_node=1, bandwidth_gbps=1.0)
+    ideal = simulate(compact_plan("tiny", 8, "ps-twoway", "onebit", CODECS, cluster), cluster).sync_time()
+    assert sim["predicted_s"] == pytest.approx(ideal)
 
 
 def test_bench_exits_zero_and_writes_every_artifact(bench_run):

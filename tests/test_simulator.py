@@ -98,6 +98,25 @@ def test_cores_per_node_models_contention():
     assert shared > 1.5 * free
 
 
+def test_host_cores_make_emulated_nodes_share_one_machine():
+    """Nodes emulated on one machine (benchmarks/netem): at most host_cores compute ops run at any moment."""
+    plan = casync.build_plan("resnet50", workers=4, strategy="ring", codec="onebit")
+    own = simulate(plan, ClusterModel(nodes=4, workers_per_node=1, bandwidth_gbps=1))
+    shared = simulate(plan, ClusterModel(nodes=4, workers_per_node=1, bandwidth_gbps=1, host_cores=2))
+    assert shared.iteration_time > own.iteration_time
+    compute = [(r["start"], r["end"]) for r in shared.records if r["op"] in ("encode", "decode", "merge")]
+    events = sorted([(s, 1) for s, e in compute if e > s] + [(e, -1) for s, e in compute if e > s])
+    running, most = 0, 0
+    for _, delta in events:  # ends sort before starts at the same instant
+        running += delta
+        most = max(most, running)
+    assert most == 2
+    with pytest.raises(ValueError, match="not both"):
+        ClusterModel(nodes=4, workers_per_node=1, cores_per_node=1, host_cores=2)
+    with pytest.raises(ValueError, match="host_cores"):
+        ClusterModel(host_cores=0)
+
+
 def test_timeline_draws(tmp_path):
     plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="onebit")
     png = simulate(plan).draw(str(tmp_path / "sim.png"))

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="afterwards, re-measure the fastest casync configuration and the gloo/PowerSGD baselines "
                         "alternately for ROUNDS rounds (ratios under the same machine load)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", default=None, metavar="JSON",
+                   help="profile for the predictions of measured rows and for auto's planning (e.g. one from "
+                        "`casync profile --calibrate-ray` on this machine); default: the packaged one")
     p.add_argument("--address", default=None, help="Ray cluster to join (default: an embedded local Ray)")
     p.add_argument("--netem", default=None, metavar="LINKS_ENV",
                    help="run on the emulated cluster of benchmarks/netem (its links.env); see benchmarks/netem")
@@ -78,11 +81,13 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     from .report import text_summary, write_report
     from .runner import run_bench
     from .setup import local_setup, netem_setup
+    from ..costmodel import Profile
 
     if args.iters < 1 or args.warmup < 0 or args.head_to_head < 0:
         raise ValueError(f"--iters must be >= 1, --warmup and --head-to-head >= 0, got {args.iters}, "
                          f"{args.warmup} and {args.head_to_head}")
     grid = grid_from_args(args)
+    profile = Profile.load(args.profile) if args.profile else None
     setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
     if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
         raise SystemExit(f"{prog}: the gloo/DDP baselines start their ranks on this machine, so against a Ray cluster "
@@ -97,7 +102,8 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     print(f"{prog}: {len(grid.cells())} casync configurations + baselines {', '.join(grid.baselines) or 'none'} "
           f"({setup.describe()}); {0 if args.no_sim else len(grid.sim_cells())} simulated", file=sys.stderr)
     result = run_bench(grid, setup, iters=args.iters, warmup=args.warmup, seed=args.seed, simulate=not args.no_sim,
-                       progress=not args.no_progress, command=command, head_to_head=args.head_to_head)
+                       progress=not args.no_progress, command=command, head_to_head=args.head_to_head,
+                       profile=profile, profile_source=args.profile)
     print(text_summary(result))
     if args.out:
         written = write_report(result, args.out)

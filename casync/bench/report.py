@@ -169,7 +169,7 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
           f"mean over workers; {result.warmup} warm-up + {result.iters} timed iterations per configuration; each "
           "casync configuration runs on a fresh RayEngine. Baselines: " +
           ", ".join(BASELINES[b] for b in result.grid.baselines) + ".", ""]
-    L += [MEASURED_DEFINITION, ""]
+    L += [MEASURED_DEFINITION + f" Predictions use {result.predicted_with}.", ""]
     headers, body = summary_table(result)
     if body:
         L += ["## Best casync configuration against the baselines", "", markdown_table(headers, body), ""]

@@ -94,6 +94,7 @@ class BenchResult:
     head_to_head: dict[str, dict[str, Any]] = field(default_factory=dict)  # "model/N" -> interleaved rounds
     plans: dict[tuple, Any] = field(default_factory=dict, repr=False)    # (model, N, strategy, codec) -> plan
     measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
+    predicted_with: str = "the packaged profile (ideal runtime)"  # what the measured rows' predictions used
 
     @property
     def failures(self) -> list[Row | SimRow]:
@@ -115,6 +116,7 @@ class BenchResult:
                 "seconds": self.seconds, "iters": self.iters, "warmup": self.warmup,
                 "rows": [dict(asdict(r), label=r.label) for r in self.rows],
                 "simulated": [asdict(r) for r in self.sim_rows], "head_to_head": self.head_to_head,
+                "predicted_with": self.predicted_with,
                 "timelines": self.timelines}
 
 
@@ -155,12 +157,17 @@ def _short(exc: BaseException) -> str:
 
 def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed: int = 0, simulate: bool = True,
               progress: bool = True, command: str = "", profile: Profile | None = None,
-              log: Callable[[str], None] | None = None, head_to_head: int = 0) -> BenchResult:
+              log: Callable[[str], None] | None = None, head_to_head: int = 0,
+              profile_source: str | None = None) -> BenchResult:
     """Measure ``grid`` (casync cells and baselines) in ``setup`` and simulate its large-cluster grid.
 
     ``head_to_head`` rounds: afterwards, per (model, workers), the fastest casync configuration and the
     reference baselines are measured again, alternating, so that their ratio comes from runs minutes apart
     under the same machine load rather than from opposite ends of a long grid.
+
+    ``profile`` (``profile_source``: its file, for the report) predicts the measured rows and plans their
+    ``auto`` cells; a runtime calibrated on this machine belongs to this machine, so the simulated
+    large-cluster grid uses only its micro-benchmark costs (the ideal runtime).
     """
     from tqdm.auto import tqdm
 
@@ -176,6 +183,10 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
     rows: list[Row] = []
     result = BenchResult(setup=setup, grid=grid, rows=rows, sim_rows=[], machine=machine, command=command,
                          seconds=0.0, iters=iters, warmup=warmup)
+    if profile is not None:
+        result.predicted_with = (f"the profile {profile_source or '(given)'}"
+                                 + (", its Ray runtime calibrated on this machine" if profile.runtime else ""))
+    sim_profile = profile.with_runtime(None) if profile is not None else None
     try:
         # 1. baselines: real gloo processes, before this process starts or joins Ray
         for model, workers in groups if grid.baselines else []:
@@ -193,11 +204,11 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
             bar.set_description(f"simulate {model} N={workers} {bw:g}G {strategy}/{codec_label(codec)}")
             cluster = _sim_cluster(workers, bw)
             try:
-                plan = compact_plan(model, workers, strategy, codec, grid.codecs, cluster, profile)
+                plan = compact_plan(model, workers, strategy, codec, grid.codecs, cluster, sim_profile)
                 wire = plan.wire_bytes()
                 dense = _dense_wire(plan)
                 result.sim_rows.append(SimRow(model=model, workers=workers, bandwidth_gbps=bw, strategy=strategy,
-                                              codec=codec, predicted_s=predicted_sync_s(predict(plan, cluster, profile)),
+                                              codec=codec, predicted_s=predicted_sync_s(predict(plan, cluster, sim_profile)),
                                               wire_bytes=wire, dense_wire_bytes=dense,
                                               compression=dense / wire if wire else 1.0,
                                               plan=plan_choices(plan) if strategy == "auto" else None))

@@ -52,15 +52,15 @@ class Setup:
         """The ClusterModel of this setup with ``workers`` workers, for the simulator and the planner.
 
         Local: one node holding every worker, with this machine's cores shared by their compute.  Netem:
-        one worker per node on links of the emulated rate.  (The emulated nodes all share this machine's
-        cores, which a per-node ``cores_per_node`` cannot express; the model leaves CPU contention out.)
+        one worker per node on links of the emulated rate, every node competing for this machine's cores
+        (``host_cores``).
         """
         if self.kind == "local":
             return ClusterModel(nodes=1, workers_per_node=workers, cores_per_node=self.cores)
         if workers > self.nodes:
             raise ValueError(f"the emulated cluster has {self.nodes} nodes; {workers} workers need one node each")
         return ClusterModel(nodes=workers, workers_per_node=1, bandwidth_gbps=float(self.bandwidth_gbps),
-                            latency_us=self.latency_us)
+                            latency_us=self.latency_us, host_cores=self.cores)
 
     def launcher(self) -> RankLauncher:
         """How the baselines' ranks start in this setup."""
