@@ -28,7 +28,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .costmodel import LinearCost, Profile, RuntimeCosts
+from .costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
 from .plan import SyncPlan
 from .runtime.program import Program, compile_program
 
@@ -45,6 +45,7 @@ class TaskSpan:
     input_ready: float | None  # latest end of the tasks sending it payloads from other actors (None: none)
     input_bytes: int
     output_bytes: int  # payloads it returns: stored in the object store after its last op
+    input_actor: str | None = None  # the actor whose task ended at input_ready
 
 
 def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpan]:
@@ -61,14 +62,16 @@ def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpa
             bounds[task.id] = (min(r["end"] if r["op"] == "recv" else r["start"] for r in recs),
                                max(r["end"] for r in recs))
     spans = []
+    actor_of = {task.id: task.actor for task in program.tasks}
     for task in program.tasks:
         if task.id not in bounds:
             continue
         producers = [program.producer[u][0] for u in task.remote_inputs]
-        ready = [bounds[t][1] for t in producers if t in bounds]
+        ready = [(bounds[t][1], actor_of[t]) for t in producers if t in bounds]
         nbytes = sum(by_node[u]["nbytes"] for u in task.remote_inputs if u in by_node)
         out_bytes = sum(by_node[u]["nbytes"] for u in task.outputs if u in by_node)
-        spans.append(TaskSpan(task.actor, *bounds[task.id], max(ready) if ready else None, nbytes, out_bytes))
+        last = max(ready) if ready else (None, None)
+        spans.append(TaskSpan(task.actor, *bounds[task.id], last[0], nbytes, out_bytes, last[1]))
     return spans
 
 
@@ -82,7 +85,8 @@ def _predicted_op_s(attrs: dict[str, Any], profile: Profile, inputs: int) -> flo
 
 
 def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
-                max_actors_per_core: float = 1.0, cores: int | None = None, dispatch_s: float = 0.0) -> RuntimeCosts:
+                max_actors_per_core: float = 1.0, cores: int | None = None, dispatch_s: float = 0.0,
+                cluster: ClusterModel | None = None) -> RuntimeCosts:
     """Fit :class:`RuntimeCosts` from measured runs: ``(plan, [rows of step 1, rows of step 2, ...])``.
 
     Compute scale is the ops' CPU time (the ``cpu`` of each record: the actor thread's own work, never
@@ -90,10 +94,24 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
     and only from runs with at most ``max_actors_per_core`` actors per core (``cores``: this machine's).
     Gaps and hops are wall time, so they too come only from those runs.  Sharing cores between actors is
     the simulator's to model (``ClusterModel.cores_per_node``).
+
+    ``cluster``: where the runs' actors were (``ClusterModel.node_of``; default: all on one node).  Hops
+    between nodes fit ``remote_hop``, less the link's own time (bytes over its bandwidth plus its latency),
+    which the simulator charges separately.
     """
     totals: dict[str, list[float]] = {}  # scale key -> [measured s, profiled s]
     gaps: list[float] = []
     hops: list[tuple[int, float]] = []
+    remote: list[tuple[int, float]] = []
+
+    def hop_sample(span: TaskSpan) -> None:
+        delay = span.start - span.input_ready - span.input_bytes / profile.transfer_beta_bps  # less the sender's copy
+        if cluster is not None and span.input_actor is not None and \
+                cluster.node_of(span.input_actor) != cluster.node_of(span.actor):
+            remote.append((span.input_bytes, delay - span.input_bytes / cluster.bytes_per_s - cluster.latency_us * 1e-6))
+        else:
+            hops.append((span.input_bytes, delay))
+
     for plan, steps in runs:
         graph = plan.graph
         program = compile_program(plan)
@@ -116,21 +134,18 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                 spans.sort(key=lambda s: s.start)
                 first = spans[0] if spans else None
                 if first is not None and first.input_ready is not None and first.start > first.input_ready:
-                    # the actor's first task waited only for its payload: a hop
-                    copy = first.input_bytes / profile.transfer_beta_bps
-                    hops.append((first.input_bytes, first.start - first.input_ready - copy))
+                    hop_sample(first)  # the actor's first task waited only for its payload
                 for prev, cur in zip(spans, spans[1:]):
                     if cur.input_ready is None or cur.input_ready < prev.start:  # inputs there well before: a pure gap
                         # less storing prev's returns, which the simulator charges to the sender as its copy
                         gaps.append(cur.start - prev.end - prev.output_bytes / profile.transfer_beta_bps)
                     elif cur.input_ready > prev.end:  # the actor sat idle waiting for this payload
-                        copy = cur.input_bytes / profile.transfer_beta_bps  # the sender's store copy: charged there
-                        hops.append((cur.input_bytes, cur.start - cur.input_ready - copy))
+                        hop_sample(cur)
     measured_s = sum(m for m, _ in totals.values())
     predicted_s = sum(p for _, p in totals.values())
     if predicted_s <= 0 or not gaps:
         raise ValueError(f"not enough measured data to fit the runtime (runs with at most {max_actors_per_core} "
-                         f"actors per core): {len(gaps)} task gaps, {len(hops)} hops, {predicted_s:.3g}s of "
+                         f"actors per core): {len(gaps)} task gaps, {len(hops) + len(remote)} hops, {predicted_s:.3g}s of "
                          "profiled compute")
     gap = max(0.0, statistics.median(gaps))
     # one hop fits a constant latency (_fit_hop); with none (every payload arrived while its consumer was
@@ -140,7 +155,19 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
     op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
     return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=gap,
                         hop=hop, op_scale=op_scale, dispatch_s=dispatch_s,
-                        samples={"gaps": len(gaps), "hops": len(hops), "ops": len(totals)})
+                        samples={"gaps": len(gaps), "hops": len(hops), "remote_hops": len(remote), "ops": len(totals)},
+                        remote_hop=_fit_remote_hop(remote, cluster) if remote else None)
+
+
+#: Remote hops whose payload needs at most this long on the link fit the constant between-node latency:
+#: larger payloads share the link with others in flight, and that queueing is the simulator's to model.
+REMOTE_FIT_MAX_WIRE_S = 0.01
+
+
+def _fit_remote_hop(remote: list[tuple[int, float]], cluster: ClusterModel) -> LinearCost:
+    """A constant: the median delay beyond the link of the payloads small enough not to queue on it."""
+    small = [d for b, d in remote if b / cluster.bytes_per_s <= REMOTE_FIT_MAX_WIRE_S] or [d for _, d in remote]
+    return LinearCost(max(0.0, float(np.median(small))), 0.0)
 
 
 def _fit_hop(hops: list[tuple[int, float]]) -> LinearCost:
@@ -263,9 +290,12 @@ def sync_span(rows: Sequence[dict[str, Any]]) -> float:
 
 
 def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | None = None, iters: int = 5,
-                  progress: bool = False) -> Profile:
+                  progress: bool = False, address: str | None = None,
+                  cluster: ClusterModel | None = None) -> Profile:
     """Run each plan (default: :func:`calibration_plans`) on a :class:`casync.RayEngine` (embedded local Ray
-    unless one is up), fit the runtime costs and return ``profile`` (default: packaged) with them attached."""
+    unless one is up, or the cluster at ``address``), fit the runtime costs and return ``profile`` (default:
+    packaged) with them attached.  ``cluster``: where RayEngine's spread placement puts the workers, e.g.
+    one per node (then the hops between nodes are fitted as ``remote_hop``)."""
     from tqdm.auto import tqdm
 
     import ray
@@ -274,14 +304,14 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
 
     profile = profile or Profile.default()
     plans = calibration_plans() if plans is None else list(plans)
-    started = connect_ray(None)
+    started = connect_ray(address)
     try:
         runs = [(plan, measure_timelines(plan, iters)) for plan in tqdm(plans, desc="calibrating", disable=not progress)]
         dispatch = measure_dispatch()
     finally:
         if started:
             ray.shutdown()
-    runtime = fit_runtime(runs, profile, cores=os.cpu_count(), dispatch_s=dispatch)
+    runtime = fit_runtime(runs, profile, cores=os.cpu_count(), dispatch_s=dispatch, cluster=cluster)
     return profile.with_runtime(runtime)
 
 

@@ -62,20 +62,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .profiler import DEFAULT_SIZES, profile
 
     sizes = DEFAULT_SIZES[:4] if args.quick else DEFAULT_SIZES
-    result = profile(sizes=sizes, repeat=1 if args.quick else 3, transfer=not args.no_transfer,
+    # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
+    result = profile(sizes=sizes, repeat=1 if args.quick else 3, transfer=not (args.no_transfer or args.netem),
                      progress=not args.no_progress)
     rows = [[key, f"{c['encode'].a * 1e6:.1f}", f"{4e-9 / c['encode'].b if c['encode'].b else float('inf'):.2f}",
              f"{4e-9 / c['decode'].b if c['decode'].b else float('inf'):.2f}"] for key, c in result.codecs.items()]
     print(format_table(["codec", "encode a (us)", "encode GB/s", "decode GB/s"], rows))
     print(f"merge: {result.merge.b * 1e9:.3f} ns/element; actor transfer: alpha {result.transfer_alpha_s * 1e3:.2f} ms, "
           f"beta {result.transfer_beta_bps / 1e9:.2f} GB/s; task overhead {result.task_overhead_s * 1e3:.3f} ms")
+    if args.netem and not args.calibrate_ray:
+        raise ValueError("--netem only says where --calibrate-ray runs; add --calibrate-ray")
     if args.calibrate_ray:
         from .calibrate import calibrate_ray
 
-        result = calibrate_ray(profile=result, progress=not args.no_progress)
+        address = cluster = None
+        if args.netem:
+            from .bench.setup import netem_setup
+
+            setup = netem_setup(args.netem)
+            address, cluster = setup.ray_address, setup.cluster_model(2)
+        result = calibrate_ray(profile=result, progress=not args.no_progress, address=address, cluster=cluster)
         rt = result.runtime
+        remote = (f"; between nodes, beyond the link: {rt.remote_hop.a * 1e3:.2f} ms + {rt.remote_hop.b * 1e9:.3f} ns/byte"
+                  if rt.remote_hop is not None else "")
         print(f"Ray runtime: ops x{rt.compute_scale:.2f} in loaded actors, {rt.task_gap_s * 1e3:.2f} ms per fused task, "
-              f"hop {rt.hop.a * 1e3:.2f} ms + {rt.hop.b * 1e9:.3f} ns/byte")
+              f"hop {rt.hop.a * 1e3:.2f} ms + {rt.hop.b * 1e9:.3f} ns/byte{remote}")
     result.save(args.out)
     print(f"wrote {args.out}")
     return 0
@@ -226,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--calibrate-ray", action="store_true",
                     help="also run calibration plans on RayEngine and fit the runtime's costs (what simulate "
                          "needs to predict RayEngine on this machine)")
+    pr.add_argument("--netem", default=None, metavar="LINKS_ENV",
+                    help="with --calibrate-ray: calibrate on the emulated cluster of benchmarks/netem (one worker "
+                         "per node, so the hops between nodes are fitted too); run it through `netem.sh exec`")
     pr.add_argument("--no-progress", action="store_true")
     pr.set_defaults(func=cmd_profile)
 

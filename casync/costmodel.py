@@ -36,7 +36,8 @@ class RuntimeCosts:
 
     ``compute_scale``: op time inside a loaded actor / profiled op time.  ``task_gap_s``: idle time between
     two fused tasks of one actor whose inputs were ready.  ``hop``: seconds from a payload's production to
-    the receiving task's start, ``a + b * bytes`` (within a node; across nodes ``a`` plus the link).
+    the receiving task's start, ``a + b * bytes``, within a node.  ``remote_hop``: the same between nodes,
+    beyond the link's own time (Ray's object manager locating and pulling the object); None: as ``hop``.
     """
 
     compute_scale: float
@@ -45,6 +46,7 @@ class RuntimeCosts:
     op_scale: dict[str, float] = field(default_factory=dict)  # "encode:onebit", "decode:topk", "merge" -> scale
     dispatch_s: float = 0.0  # driver + raylet CPU seconds per task, on the head node's cores
     samples: dict[str, int] = field(default_factory=dict, compare=False)
+    remote_hop: LinearCost | None = None  # between nodes, beyond the wire (None: as ``hop``)
 
     def scale(self, op: str, codec_key: str = "") -> float:
         """The scale fitted for this op and codec, else the overall one."""
@@ -54,7 +56,8 @@ class RuntimeCosts:
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,
                 "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
-                "samples": dict(self.samples)}
+                "samples": dict(self.samples),
+                **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":
@@ -68,9 +71,14 @@ class RuntimeCosts:
             raise ValueError(f"{source}: runtime.compute_scale must be a positive number, got {scale!r}")
         if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap < 0:
             raise ValueError(f"{source}: runtime.task_gap_s must be a non-negative number, got {gap!r}")
-        if (not isinstance(hop, (list, tuple)) or len(hop) != 2
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in hop)):
-            raise ValueError(f"{source}: runtime.hop must be [a, b] with non-negative numbers, got {hop!r}")
+        remote = data.get("remote_hop")
+        for name, value in (("hop", hop), ("remote_hop", remote)):
+            if value is None and name == "remote_hop":
+                continue
+            if (not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                    for v in value)):
+                raise ValueError(f"{source}: runtime.{name} must be [a, b] with non-negative numbers, got {value!r}")
         op_scale = data.get("op_scale", {})
         if not isinstance(op_scale, dict) or not all(
                 isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
@@ -82,7 +90,8 @@ class RuntimeCosts:
         samples = data.get("samples", {})
         return cls(float(scale), float(gap), LinearCost(float(hop[0]), float(hop[1])),
                    {k: float(v) for k, v in op_scale.items()}, float(dispatch),
-                   dict(samples) if isinstance(samples, dict) else {})
+                   dict(samples) if isinstance(samples, dict) else {},
+                   LinearCost(float(remote[0]), float(remote[1])) if remote is not None else None)
 
 
 @dataclass
@@ -141,11 +150,12 @@ class Profile:
     def link_s(self, nbytes: int, same_node: bool, cluster: "ClusterModel") -> tuple[float, float]:
         """``(occupancy, delay)`` of moving a stored payload of ``nbytes``: seconds the sender's egress and the
         receiver's ingress are busy, then seconds until the receiving task can use it."""
-        hop = self.runtime.hop(nbytes) if self.runtime is not None else 0.0
+        rt = self.runtime
         if same_node:
-            if self.runtime is not None:
-                return 0.0, hop
+            if rt is not None:
+                return 0.0, rt.hop(nbytes)
             return self.transfer_alpha_s + nbytes / self.transfer_beta_bps, 0.0
+        hop = 0.0 if rt is None else (rt.remote_hop if rt.remote_hop is not None else rt.hop)(nbytes)
         return nbytes / cluster.bytes_per_s, cluster.latency_us * 1e-6 + hop
 
     def with_runtime(self, runtime: RuntimeCosts | None) -> "Profile":

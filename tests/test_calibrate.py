@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 
 import pytest
@@ -20,6 +21,8 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     profile = Profile.default().with_runtime(RUNTIME)
     again = Profile.load(profile.save(tmp_path / "p.json"))
     assert again.runtime == RUNTIME
+    remote = replace(RUNTIME, remote_hop=LinearCost(0.012, 0.0))
+    assert Profile.load(profile.with_runtime(remote).save(tmp_path / "r.json")).runtime == remote
     assert again.encode_s("onebit", 10**6) == pytest.approx(5.0 * Profile.default().encode_s("onebit", 10**6))
     assert again.decode_s("onebit", 10**6) == pytest.approx(3.0 * Profile.default().decode_s("onebit", 10**6))
     assert again.encode_s("onebit", 10**6, runtime=False) == Profile.default().encode_s("onebit", 10**6)
@@ -36,6 +39,8 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     ({"compute_scale": 1, "task_gap_s": 0}, "hop"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "op_scale": {"merge": "x"}}, "op_scale"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "dispatch_s": -1}, "dispatch_s"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [0.001]}, "remote_hop"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [float("nan"), 0]}, "remote_hop"),
 ])
 def test_malformed_runtime_is_rejected(runtime, match):
     data = Profile.default().to_dict()
@@ -96,6 +101,17 @@ def test_fit_runtime_reads_measured_timelines(ray_local):
     predicted = simulate(plans[0], ClusterModel(nodes=1, workers_per_node=2, cores_per_node=2),
                          Profile.default().with_runtime(runtime)).sync_time()
     assert predicted > simulate(plans[0], ClusterModel(nodes=1, workers_per_node=2, cores_per_node=2)).sync_time()
+    # the same runs read as if each worker had been on its own node: every hop is between nodes, fitted
+    # beyond the link's own time, and a cross-node payload then waits that instead of the local hop
+    two_nodes = ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=10.0, latency_us=50.0)
+    remote = fit_runtime(runs, Profile.default(), cores=2, cluster=two_nodes)
+    assert remote.samples["remote_hops"] == runtime.samples["hops"] and remote.samples["hops"] == 0
+    assert remote.remote_hop is not None and remote.remote_hop.b == 0.0
+    assert 0 <= remote.remote_hop.a < 1.0
+    calibrated = Profile.default().with_runtime(remote)
+    assert calibrated.link_s(1000, False, two_nodes) == pytest.approx((1000 / two_nodes.bytes_per_s,
+                                                                       50e-6 + remote.remote_hop.a))
+    assert calibrated.link_s(1000, True, two_nodes) == (0.0, remote.hop(1000))
     dispatch = measure_dispatch(iters=3, tensors=8)
     assert 0 < dispatch < 0.1  # CPU seconds per task of the driver and Ray's processes
     with pytest.raises(ValueError, match="not enough"):

@@ -317,7 +317,7 @@ def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> lis
                                           f"sync {row.sync_s * 1e3:.1f} ms ({which} casync configuration)"))
         plan = result.plans.get(key)
         if plan is not None:
-            timeline = predict(plan, result.setup.cluster_model(workers))
+            timeline = predict(plan, result.setup.cluster_model(workers), result.profile)
             paths.append(timeline.draw(str(out / f"{stem}_predicted.png"),
                                        title=f"predicted: {model}, {workers} workers, {row.label}: sync "
                                              f"{timeline.sync_time() * 1e3:.1f} ms ({which} casync configuration)"))

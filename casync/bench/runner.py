@@ -95,6 +95,7 @@ class BenchResult:
     plans: dict[tuple, Any] = field(default_factory=dict, repr=False)    # (model, N, strategy, codec) -> plan
     measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
     predicted_with: str = "the packaged profile (ideal runtime)"  # what the measured rows' predictions used
+    profile: Profile | None = field(default=None, repr=False)  # that profile (None: the packaged one)
 
     @property
     def failures(self) -> list[Row | SimRow]:
@@ -183,6 +184,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
     rows: list[Row] = []
     result = BenchResult(setup=setup, grid=grid, rows=rows, sim_rows=[], machine=machine, command=command,
                          seconds=0.0, iters=iters, warmup=warmup)
+    result.profile = profile
     if profile is not None:
         result.predicted_with = (f"the profile {profile_source or '(given)'}"
                                  + (", its Ray runtime calibrated on this machine" if profile.runtime else ""))
