@@ -73,6 +73,9 @@ UNIFORM_VALIDATE_MARGIN = 2.0
 CHEAP_OPS = 5_000
 #: The best-estimated fixed uniform plans that are always simulated, beyond the budget if need be.
 MUST_SIMULATE_FIXED = 3
+#: A fixed plan not yet simulated is simulated when its estimate, corrected by the simulated/estimated ratio
+#: of its strategy's simulated fixed plans, is within this fraction of the best simulated time.
+FIXED_RECHECK_SLACK = 0.05
 #: Options per bucket tried with the real simulator when refining (best estimated first).
 REFINE_OPTIONS = 8
 _TOL = 1e-9  # seconds: smaller estimated differences are ties
@@ -977,6 +980,33 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
         if out is not None:
             if not simulated or out[0] < min(x[0] for x in simulated):
                 keep(a, out[1])
+            simulated.append((out[0], label, a))
+    # the estimator's error is mostly per strategy (e.g. 50% pessimistic for PS with a 1-bit codec): correct
+    # the estimates of the fixed plans not simulated by what simulation showed for their strategy, and
+    # simulate, whatever the budget, every one that could still beat the best simulated plan
+    fixed = {tuple(a): (s, a) for (s, c, rule), a in uniform.items() if rule == "default"}
+    tried = {tuple(a) for _, _, a in simulated}
+    while simulated:
+        ratios: dict[str, list[float]] = {}
+        for t, label, a in simulated:
+            if tuple(a) in fixed:
+                ratios.setdefault(fixed[tuple(a)][0], []).append(t / max(planner.estimate(a)[0], 1e-12))
+        if not ratios:
+            break
+        floor = min(min(r) for r in ratios.values())
+        best_t = min(x[0] for x in simulated)
+        pending = sorted((planner.estimate(a)[0] * min(ratios.get(s, [floor])), a) for key, (s, a) in fixed.items()
+                         if key not in tried)
+        if not pending or pending[0][0] > (1 + FIXED_RECHECK_SLACK) * best_t:
+            break
+        _, a = pending[0]
+        tried.add(tuple(a))
+        must.add(tuple(a))
+        out = run(a)
+        if out is not None:
+            if out[0] < best_t:
+                keep(a, out[1])
+            label = next(f"uniform {s}/{c}" for (s, c, rule), u in uniform.items() if rule == "default" and u == a)
             simulated.append((out[0], label, a))
     if simulated:
         sim_time, winner, best = min(simulated, key=lambda x: x[0])
