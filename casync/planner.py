@@ -71,8 +71,9 @@ VALIDATE_MARGIN = 1.3
 #: lose to a fixed choice, and the estimator can be 50% pessimistic (e.g. PS with a 1-bit codec).
 UNIFORM_VALIDATE_MARGIN = 2.0
 CHEAP_OPS = 5_000
-#: The best-estimated fixed uniform plans that are always simulated, beyond the budget if need be.
-MUST_SIMULATE_FIXED = 3
+#: The best-estimated fixed uniform plans that are always simulated, beyond the budget if need be (the
+#: others are rechecked below with estimates corrected by what simulation showed for their strategy).
+MUST_SIMULATE_FIXED = 1
 #: A fixed plan not yet simulated is simulated when its estimate, corrected by the simulated/estimated ratio
 #: of its strategy's simulated fixed plans, is within this fraction of the best simulated time.
 FIXED_RECHECK_SLACK = 0.05
@@ -986,22 +987,26 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     # simulate, whatever the budget, every one that could still beat the best simulated plan
     fixed = {tuple(a): (s, a) for (s, c, rule), a in uniform.items() if rule == "default"}
     tried = {tuple(a) for _, _, a in simulated}
+    rechecked = 0
     while simulated:
-        ratios: dict[str, list[float]] = {}
+        ratios: dict[str, list[float]] = {}  # strategy -> simulated / estimated of the plans using it
         for t, label, a in simulated:
-            if tuple(a) in fixed:
-                ratios.setdefault(fixed[tuple(a)][0], []).append(t / max(planner.estimate(a)[0], 1e-12))
+            ratio = t / max(planner.estimate(a)[0], 1e-12)
+            for strategy in {b.options[j].strategy for b, j in zip(planner.buckets, a)}:
+                ratios.setdefault(strategy, []).append(ratio)
         if not ratios:
             break
-        floor = min(min(r) for r in ratios.values())
+        # a strategy no simulated plan used gets the benefit of the doubt: as pessimistic as the margin allows
+        unknown = min(min(r) for r in ratios.values()) / UNIFORM_VALIDATE_MARGIN
         best_t = min(x[0] for x in simulated)
-        pending = sorted((planner.estimate(a)[0] * min(ratios.get(s, [floor])), a) for key, (s, a) in fixed.items()
+        pending = sorted((planner.estimate(a)[0] * min(ratios.get(s, [unknown])), a) for key, (s, a) in fixed.items()
                          if key not in tried)
         if not pending or pending[0][0] > (1 + FIXED_RECHECK_SLACK) * best_t:
             break
         _, a = pending[0]
         tried.add(tuple(a))
         must.add(tuple(a))
+        rechecked += 1
         out = run(a)
         if out is not None:
             if out[0] < best_t:
@@ -1095,6 +1100,7 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     plan.options.setdefault("partitions", partitions)
     plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
         estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
+        rechecked_fixed=rechecked,
         strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
         cluster=cluster.to_dict(), seconds=time.perf_counter() - started))
     return plan
