@@ -132,14 +132,15 @@ def submit_iteration(program: Program, actors: dict[str, Any], step: int,
 
 
 def timeline_rows(plan: SyncPlan, step: int, records: dict[str, list[tuple]]) -> list[dict[str, Any]]:
-    """Actor op records ``(op, tensor, part, start, end, nbytes, node, cpu)`` as timeline rows sorted by start;
+    """Actor op records ``(op, tensor, part, start, end, nbytes, node[, cpu])`` as timeline rows sorted by start
+    (``cpu`` None where the record has none, e.g. the Trainer's forward/backward/update rows);
     a recv spans from the moment its payload was sent to the moment its task used it."""
     send_end: dict[str, float] = {}
     rows = []
     for actor, actor_records in records.items():
-        for op, tensor, part, start, end, nbytes, node, cpu in actor_records:
+        for op, tensor, part, start, end, nbytes, node, *cpu in actor_records:  # cpu: absent where not measured
             rows.append(dict(op=op, actor=actor, tensor=tensor, part=part, start=start, end=end,
-                             nbytes=nbytes, node=node, step=step, cpu=cpu))
+                             nbytes=nbytes, node=node, step=step, cpu=cpu[0] if cpu else None))
             if op == "send":
                 send_end[node] = end
     graph = plan.graph
