@@ -60,6 +60,8 @@ def test_timeline_shows_overlap_between_tensors(ray_local, tmp_path):
                    and a["start"] < b["end"] and b["start"] < a["end"]]
     assert overlapping, "no two tensors' compute ops overlapped across actors"
     assert open(png, "rb").read(4) == b"\x89PNG"
+    # each compute op's own CPU time (what calibration scales by) fits inside its wall time
+    assert all(0 <= r["cpu"] <= r["end"] - r["start"] + 1e-3 for r in rows) and sum(r["cpu"] for r in rows) > 0
 
 
 def test_torch_in_torch_out(ray_local):
