@@ -217,12 +217,30 @@ RESUME_MODES = {
 N_STEPS, M_STEPS = 3, 4  # 5 batches per epoch and worker: the resumed part crosses an epoch boundary
 
 
-@pytest.fixture(scope="module", params=list(RESUME_MODES))
-def resumed(request, ray_local, tmp_path_factory):
+@pytest.fixture(scope="module")
+def resume_runs(ray_local, tmp_path_factory):
+    """``run(mode)``: each mode's save-and-resume run, made once per module on first use, so that a test of
+    what only one mode does is generated for that mode alone."""
+    done: dict[str, dict] = {}
+
+    def run(mode: str) -> dict:
+        if mode not in done:
+            done[mode] = _resume_run(mode, tmp_path_factory)
+        return done[mode]
+
+    return run
+
+
+@pytest.fixture(params=list(RESUME_MODES))
+def resumed(request, resume_runs):
+    return resume_runs(request.param)
+
+
+def _resume_run(mode, tmp_path_factory):
     """Train N steps, save, train M more (saving changes nothing: the uninterrupted run); load the checkpoint
     into new actors and train M steps there."""
-    kw = dict(RESUME_MODES[request.param])
-    path = tmp_path_factory.mktemp(request.param) / "ckpt"
+    kw = dict(RESUME_MODES[mode])
+    path = tmp_path_factory.mktemp(mode) / "ckpt"
     optimizer = kw["optimizer"]
     with small_trainer(**kw) as first:
         head = first.fit(steps=N_STEPS)
@@ -240,7 +258,7 @@ def resumed(request, ray_local, tmp_path_factory):
         with small_trainer(**kw) as uninterrupted:
             uninterrupted.fit(steps=N_STEPS + M_STEPS)
             single = params_of(uninterrupted)
-    return dict(mode=request.param, head=head, tail=tail, resumed_tail=resumed_tail, expected=expected, got=got,
+    return dict(mode=mode, head=head, tail=tail, resumed_tail=resumed_tail, expected=expected, got=got,
                 states=states, path=path, single=single)
 
 
@@ -264,9 +282,8 @@ def test_checkpoint_holds_no_pickles(resumed):
     torch.load(resumed["path"] / "optimizer.pt", weights_only=True)
 
 
-def test_sparsity_warmup_thins_the_wire_geometrically(resumed):
-    if resumed["mode"] != "dgc":
-        pytest.skip("dgc mode only")
+def test_sparsity_warmup_thins_the_wire_geometrically(resume_runs):  # what only the dgc mode does
+    resumed = resume_runs("dgc")
     history = list(resumed["head"]) + list(resumed["tail"])
     expected = [warmup_ratio(t, 0.05, 0.25, 5) for t in range(N_STEPS + M_STEPS)]
     assert [r.density for r in history] == pytest.approx(expected)
@@ -275,9 +292,8 @@ def test_sparsity_warmup_thins_the_wire_geometrically(resumed):
     assert sent[5] == sent[6]
 
 
-def test_momentum_masking_forgets_sent_coordinates(resumed):
-    if resumed["mode"] != "dgc":
-        pytest.skip("dgc mode only")
+def test_momentum_masking_forgets_sent_coordinates(resume_runs):  # what only the dgc mode does
+    resumed = resume_runs("dgc")
     for state in resumed["states"]:
         worker = f"worker:{state['rank']}"
         residual = {k.split("/")[1]: v for k, v in state["residuals"].items() if k.startswith(worker + "/")}
@@ -299,9 +315,8 @@ def _plan_bucket(name):
                              bucket_bytes=casync.training.options.TRAIN_BUCKET_BYTES).bucket(name)
 
 
-def test_full_precision_steps_carry_float32(resumed):
-    if resumed["mode"] != "delayed":
-        pytest.skip("delayed mode only")
+def test_full_precision_steps_carry_float32(resume_runs):  # what only the delayed mode does
+    resumed = resume_runs("delayed")
     history = list(resumed["head"]) + list(resumed["tail"])
     assert [r.full_precision for r in history] == [(t + 1) % 2 == 0 for t in range(N_STEPS + M_STEPS)]
     for r in history:
