@@ -131,6 +131,23 @@ def submit_iteration(program: Program, actors: dict[str, Any], step: int,
     return tokens
 
 
+def release(actors: Any, pg: Any, owns_ray: bool) -> None:
+    """Kill ``actors``, remove placement group ``pg`` (None: none) and stop Ray if the caller started it;
+    what is already gone is skipped (engines call this from ``close()``)."""
+    for handle in actors:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # already dead
+            pass
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass
+    if owns_ray and ray.is_initialized():
+        ray.shutdown()
+
+
 def timeline_rows(plan: SyncPlan, step: int, records: dict[str, list[tuple]]) -> list[dict[str, Any]]:
     """Actor op records ``(op, tensor, part, start, end, nbytes, node[, cpu])`` as timeline rows sorted by start
     (``cpu`` None where the record has none, e.g. the Trainer's forward/backward/update rows);
@@ -213,19 +230,8 @@ class RayEngine:
         if self._closed:
             return
         self._closed = True
-        for handle in self.actors.values():
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:  # already dead
-                pass
+        release(self.actors.values(), self._pg, self._owns_ray)
         self.actors = {}
-        if self._pg is not None:
-            try:
-                remove_placement_group(self._pg)
-            except Exception:
-                pass
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
 
     def __enter__(self) -> "RayEngine":
         return self

@@ -16,14 +16,15 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 from ..nonfinite import layouts
 from ..plan import SyncPlan
 from ..runtime.program import Program, compile_program
-from ..runtime.ray_engine import DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, submit_iteration, timeline_rows
+from ..runtime.ray_engine import (DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, release, submit_iteration,
+                                  timeline_rows)
 from .options import TrainOptions
 from .worker import SYNC_GROUP, StepSyncActor, TrainWorker
 
@@ -106,19 +107,8 @@ class TrainEngine:
         if self._closed:
             return
         self._closed = True
-        for handle in self.actors.values():
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception:  # already dead
-                pass
+        release(self.actors.values(), self._pg, self._owns_ray)
         self.actors = {}
-        if self._pg is not None:
-            try:
-                remove_placement_group(self._pg)
-            except Exception:
-                pass
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
 
     def __del__(self) -> None:
         """Best effort for a forgotten trainer on a joined cluster: free its actors (as ``RayEngine`` does)."""
