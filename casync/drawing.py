@@ -115,16 +115,18 @@ def draw_gantt(records: list[dict], path: str, title: str = "", actors: list[str
     compute = {"forward": "#DDDDDD", "backward": "#F0A040", "update": "#777777"}  # a Trainer's, drawn underneath
     colors = dict(compute, **OP_COLORS, load="#999999")
     fig, ax = plt.subplots(figsize=(12, max(2.5, 0.6 * len(lanes) + 1)))
+    bars: dict[tuple[str, int], list[tuple[float, float]]] = {}  # one collection per (op, lane), not per op:
+    for r in records:  # a 16-worker plan has tens of thousands of ops, and an artist each took minutes
+        if r["op"] in colors:
+            bars.setdefault((r["op"], index[r["actor"]]), []).append(
+                (r["start"] * 1e3, max(r["end"] - r["start"], 1e-6) * 1e3))
     for op in colors:
-        bars = [(r["start"], max(r["end"] - r["start"], 1e-6)) for r in records if r["op"] == op]
-        ys = [index[r["actor"]] for r in records if r["op"] == op]
-        if not bars:
-            continue
         height = 0.35 if op in ("send", "recv") else (0.9 if op in compute else 0.7)
         offset = 0.2 if op == "recv" else (-0.2 if op == "send" else 0.0)
-        for (x, w), y in zip(bars, ys):
-            ax.broken_barh([(x * 1e3, w * 1e3)], (y - height / 2 + offset, height), facecolors=colors[op],
-                           alpha=0.55 if op in ("send", "recv") else (0.5 if op in compute else 0.9))
+        for y in range(len(lanes)):
+            if (op, y) in bars:
+                ax.broken_barh(bars[(op, y)], (y - height / 2 + offset, height), facecolors=colors[op],
+                               alpha=0.55 if op in ("send", "recv") else (0.5 if op in compute else 0.9))
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")

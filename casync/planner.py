@@ -24,9 +24,11 @@
    from the best few uniform plans (one option for every bucket).  Then HiPress's selective compression:
    a bucket is compressed only where that saves at least :func:`min_gain` (0.2% of the iteration).
 4. **Validation.**  The candidates and the promising fixed uniform plans (one strategy and codec for all
-   buckets, default partitions) are expanded and run through the real :func:`casync.simulator.simulate`
-   within an op budget (``sim_budget_ops``); the best simulated plan is kept, so ``auto`` is never worse
-   in simulation than a fixed choice it simulated.  Small plans (a few thousand ops) are then refined
+   buckets, default partitions) are run through the real simulator within an op budget
+   (``sim_budget_ops``); the best simulated plan is kept, so ``auto`` is never worse in simulation than a
+   fixed choice it simulated.  Candidates are not assembled: each distinct (bucket size, option) is
+   expanded once into an :class:`~casync.optable.OpTable` fragment and a candidate's table is glued from
+   fragments, which simulates exactly as its assembled plan would; only the chosen plan is assembled.  Small plans (a few thousand ops) are then refined
    bucket by bucket with the real simulator, and compression that does not pay there is undone.
 
 Each bucket's ``note`` says why it got its option, e.g. ``"onebit: -12.3 ms vs none"`` (the estimated
@@ -40,11 +42,13 @@ many simulations ran and how long planning took.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -53,6 +57,7 @@ from strategies import get_strategy
 
 from . import build as _build
 from .costmodel import ClusterModel, Profile
+from .optable import OpTable
 from .plan import SyncPlan
 from .specs import TensorSpec
 from .tensors import tensor_specs
@@ -699,7 +704,7 @@ class Planner:
 
     def __init__(self, specs: list[TensorSpec], workers: int, cluster: ClusterModel, profile: Profile, *,
                  strategies: Sequence[str], codecs: Sequence[Codec], partitions: Any, bucket_bytes: int,
-                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool):
+                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool, op: str = "mean"):
         self.specs = specs
         self.workers = workers
         self.cluster = cluster
@@ -709,6 +714,8 @@ class Planner:
         self.partitions = partitions
         self.two_way = two_way
         self.error_feedback = error_feedback
+        self.op = op
+        self._fragments: dict[tuple[int, str, str, int], OpTable] = {}
         self.groups = _build.name_buckets(specs, _build.make_buckets(specs, bucket_bytes))
         ready = _bucket_ready(self.groups, ready_times, specs)
         self.est = Estimator(workers, cluster, profile, error_feedback=error_feedback, two_way=two_way)
@@ -851,6 +858,25 @@ class Planner:
     def _small(self, bucket: _Bucket) -> bool:
         return bucket.numel * 4 <= SMALL_BYTES and self._never_pays(bucket)
 
+    def table(self, assign: Sequence[int]) -> OpTable:
+        """The simulator's op table of the plan ``assign`` stands for, glued from per-bucket fragments: each
+        distinct (bucket size, option) is expanded once per planning call, however many candidates use it."""
+        return OpTable.concat([(self._fragment(b, j), b.name, index)
+                               for index, (b, j) in enumerate(zip(self.buckets, assign))])
+
+    def _fragment(self, bucket: _Bucket, j: int) -> OpTable:
+        o = bucket.options[j]
+        key = (bucket.numel, o.strategy, str(o.codec), o.partitions)
+        frag = self._fragments.get(key)
+        if frag is None:
+            choice = _build.BucketChoice(strategy=o.strategy, codec=o.codec, partitions=o.partitions,
+                                         two_way=self.two_way, servers=None)
+            plan = _build.assemble_plan(bucket.group, self.workers, [(bucket.name, bucket.group)], [choice],
+                                        error_feedback=self.error_feedback, op=self.op)
+            frag = self._fragments[key] = OpTable.from_graph(plan.graph)
+            frag.durations(self.profile)
+        return frag
+
     def choices(self, assign: list[int], notes: list[str]) -> list[_build.BucketChoice]:
         return [_build.BucketChoice(strategy=o.strategy, codec=o.codec, partitions=o.partitions,
                                     two_way=self.two_way, servers=None, note=note)
@@ -874,7 +900,30 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     Every bucket's ``note`` says why it got its option; ``plan.options["planner"]`` holds the estimated
     and simulated iteration times and which candidate plan won.
     """
-    from .simulator import simulate
+    with _gc_paused():
+        return _choose_plan(tensors, workers, cluster, profile, strategies, codecs, partitions, ready_times,
+                            two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
+                            seed=seed, sim_budget_ops=sim_budget_ops, options=options)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while planning: candidate plans allocate hundreds of thousands of small,
+    acyclic objects, and the collector's passes over them took a quarter of the planning time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profile: Profile | None, strategies: Any,
+                 codecs: Any, partitions: Any, ready_times: Mapping[str, float] | None, *, two_way: bool,
+                 error_feedback: bool, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
+                 options: Mapping[str, Any] | None) -> SyncPlan:
+    from .simulator import run_table
 
     started = time.perf_counter()
     _build._check_int("workers", workers, 1)
@@ -907,7 +956,7 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     bucket_bytes = _build.DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     planner = Planner(specs, workers, cluster, profile, strategies=strategies, codecs=codec_objs,
                       partitions=partitions, bucket_bytes=bucket_bytes, ready_times=ready_times,
-                      two_way=two_way, error_feedback=error_feedback)
+                      two_way=two_way, error_feedback=error_feedback, op=op)
 
     # 1. starting points: uniform plans (every strategy x codec x partition rule), estimated
     rules: list[Any] = ["default"]
@@ -934,30 +983,24 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
 
     # 3. validate with the real simulator, within the op budget: the planner's candidates and the fixed
     # uniform plans (default partitions) that the estimate does not rule out (cheap ones always)
-    rt = dict(ready_times) if ready_times else None
+    bucket_ready = {b.name: b.ready for b in planner.buckets}
     budget = sim_budget_ops
     sims = 0
-    kept: dict[tuple[int, ...], SyncPlan] = {}  # the plan of the current choice, so it is built only once
 
     # whatever the budget, the planner's pick and the best-estimated fixed plans are simulated: "auto" must
     # not lose to a fixed choice in simulation, and at scale the estimator alone can be far off
     defaults = sorted((a for (s, c, rule), a in uniform.items() if rule == "default"), key=planner.estimate)
     must = {tuple(best)} | {tuple(a) for a in defaults[:MUST_SIMULATE_FIXED]}
 
-    def run(assign: list[int]) -> tuple[float, SyncPlan] | None:
+    def run(assign: list[int]) -> float | None:
+        """Simulated iteration time of ``assign`` (exactly what simulate() gives on its assembled plan)."""
         nonlocal budget, sims
         ops = sum(b.costs[j].ops for b, j in zip(planner.buckets, assign))
         if ops > budget and tuple(assign) not in must:
             return None
         budget -= ops
         sims += 1
-        plan = _build.assemble_plan(specs, workers, planner.groups, planner.choices(assign, [""] * len(assign)),
-                                    error_feedback=error_feedback, op=op)
-        return simulate(plan, cluster, profile, rt).iteration_time, plan
-
-    def keep(assign: list[int], plan: SyncPlan) -> None:
-        kept.clear()
-        kept[tuple(assign)] = plan
+        return run_table(planner.table(assign), cluster, profile, bucket_ready, records=False).iteration_time
 
     queue: list[tuple[float, int, str, list[int]]] = []
     for raw, simple in twins.items():
@@ -978,11 +1021,9 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
         margin = UNIFORM_VALIDATE_MARGIN if label.startswith("uniform") else VALIDATE_MARGIN
         if est > margin * ref and not cheap and tuple(a) not in must:
             continue
-        out = run(a)
-        if out is not None:
-            if not simulated or out[0] < min(x[0] for x in simulated):
-                keep(a, out[1])
-            simulated.append((out[0], label, a))
+        t = run(a)
+        if t is not None:
+            simulated.append((t, label, a))
     # the estimator's error is mostly per strategy (e.g. 50% pessimistic for PS with a 1-bit codec): correct
     # the estimates of the fixed plans not simulated by what simulation showed for their strategy, and
     # simulate, whatever the budget, every one that could still beat the best simulated plan
@@ -1008,12 +1049,10 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
         tried.add(tuple(a))
         must.add(tuple(a))
         rechecked += 1
-        out = run(a)
-        if out is not None:
-            if out[0] < best_t:
-                keep(a, out[1])
+        t = run(a)
+        if t is not None:
             label = next(f"uniform {s}/{c}" for (s, c, rule), u in uniform.items() if rule == "default" and u == a)
-            simulated.append((out[0], label, a))
+            simulated.append((t, label, a))
     if simulated:
         sim_time, winner, best = min(simulated, key=lambda x: x[0])
         # an unsimplified result wins only if its extra compression saves min_gain in simulation too
@@ -1024,7 +1063,6 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
             if t_simple <= sim_time + min_gain(sim_time) and t_simple <= min(
                     [t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf):
                 sim_time, best = t_simple, simple
-                kept.clear()
     else:
         sim_time, winner = None, "planner"
 
@@ -1048,14 +1086,13 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
                         continue
                     trial = list(best)
                     trial[b] = int(j)
-                    out = run(trial)
-                    if out is None:
+                    t = run(trial)
+                    if t is None:
                         exhausted = True
                         break
                     compress = best[b] in bucket.baseline and j not in bucket.baseline
-                    if out[0] < sim_time - (min_gain(sim_time) if compress else 1e-6 * sim_time):
-                        sim_time, best, improved = out[0], trial, True
-                        keep(trial, out[1])
+                    if t < sim_time - (min_gain(sim_time) if compress else 1e-6 * sim_time):
+                        sim_time, best, improved = t, trial, True
                         if "refined" not in winner:
                             winner += " (refined with the simulator)"
                 if exhausted:
@@ -1078,21 +1115,26 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
             for j in dict.fromkeys(tries):
                 trial = list(best)
                 trial[b] = j
-                out = run(trial)
-                if out is None:
+                t = run(trial)
+                if t is None:
                     exhausted = True
                     break
-                if out[0] <= cap:
-                    sim_time, best = out[0], trial
-                    keep(trial, out[1])
+                if t <= cap:
+                    sim_time, best = t, trial
                     break
 
     # 5. the plan, with a note per bucket and what the planner did in plan.options["planner"]
+    candidates = [dict(plan=label, estimated_s=planner.estimate(a)[0], simulated_s=t)
+                  for t, label, a in sorted(simulated, key=lambda x: x[0])]
     notes = planner.notes(best)
-    plan = kept.get(tuple(best))
-    if plan is None:
-        plan = _build.assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
-                                    error_feedback=error_feedback, op=op)
+    if winner.startswith("uniform") and any(label == winner and a == best for _, label, a in simulated):
+        # a fixed choice won in simulation: the per-bucket estimates alone would not have picked it, say so
+        mix = min((t for t, label, _ in simulated if label == "planner"), default=None)
+        why = (f"{winner.split(' ', 1)[1]} for every bucket simulated fastest ({sim_time * 1e3:.1f} ms"
+               + (f"; per-bucket mix {mix * 1e3:.1f} ms)" if mix is not None else ")"))
+        notes = [f"{note} by estimate; {why}" for note in notes]
+    plan = _build.assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
+                                error_feedback=error_feedback, op=op)
     for bucket, note in zip(plan.buckets, notes):
         bucket.note = note
     plan.options.update(options or {})
@@ -1101,7 +1143,7 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     plan.options.setdefault("partitions", partitions)
     plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
         estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
-        rechecked_fixed=rechecked,
+        rechecked_fixed=rechecked, candidates=candidates,
         strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
         cluster=cluster.to_dict(), seconds=time.perf_counter() - started))
     return plan

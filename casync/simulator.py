@@ -6,7 +6,10 @@ occupies the sender's egress and the receiver's ingress for as long as the link 
 recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
 when the profile is calibrated on Ray).  Ops start when their inputs are ready and a lane is free; ready
 ops go in order of readiness, then bucket priority.  The first op of each fused task (same actor, bucket
-and hop round, as the Ray engine fuses them) also pays the profile's per-task cost.
+and hop round, as the Ray engine fuses them) also pays the profile's per-task cost; ties go by node name.
+
+The event loop (:func:`run_table`) reads the plan as an :class:`~casync.optable.OpTable` (flat lists of
+integers, lanes numbered), about 2 us per op; the planner feeds it tables glued from per-bucket fragments.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .costmodel import ClusterModel, Profile
+from .optable import KINDS, RECV, SEND, OpTable
 from .plan import SyncPlan
 
 
@@ -47,17 +51,6 @@ class Timeline:
         return draw_gantt(self.records, path, title=title or f"simulated: {self.iteration_time * 1e3:.1f} ms")
 
 
-def _op_cost(a: Mapping[str, Any], profile: Profile, inputs: int) -> float:
-    op = a["op"]
-    if op == "encode":
-        return profile.encode_s(a["codec"], a["numel"], bool(a.get("ef")))
-    if op == "decode":
-        return profile.decode_s(a["codec"], a["numel"])
-    if op == "merge":
-        return profile.merge_s(a["numel"], inputs + (1 if a.get("local_input") else 0))
-    return 0.0
-
-
 def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profile | None = None,
              ready_times: Mapping[str, float] | None = None) -> Timeline:
     """Predict one iteration of ``plan`` on ``cluster``.
@@ -77,115 +70,179 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a casync.Profile (Profile.load(path) reads a file), got {type(profile).__name__}")
     bucket_ready = _bucket_ready(plan, ready_times)
-    graph = plan.graph
-    node_of = {actor: cluster.node_of(actor) for actor in plan.actors}
-    for actor in {a for _, a in graph.nodes(data="actor")} - node_of.keys():
-        node_of[actor] = cluster.node_of(actor)
+    return run_table(OpTable.from_graph(plan.graph), cluster, profile, bucket_ready)
 
-    indeg = {n: graph.in_degree(n) for n in graph}
-    ready: dict[str, float] = {}
-    cause: dict[str, str | None] = {}
-    heap: list[tuple[float, int, int, str]] = []  # (ready, bucket priority, transfer round, node)
-    for n, d in indeg.items():
-        if d == 0:
-            ready[n] = bucket_ready.get(graph.nodes[n]["tensor"], 0.0)
-            cause[n] = None
-            heapq.heappush(heap, (ready[n], graph.nodes[n]["priority"], graph.nodes[n].get("round", 0), n))
-    lane_free: dict[str, float] = defaultdict(float)
-    lane_last: dict[str, str] = {}
-    task_seen: set[tuple[str, str, int]] = set()
-    rounds: dict[str, int] = {}
-    records: list[dict[str, Any]] = []
-    end: dict[str, float] = {}
-    begin: dict[str, float] = {}
-    link_bytes: dict[tuple[str, str], int] = defaultdict(int)
-    delay: dict[str, float] = {}  # recv node -> seconds its payload takes to become usable after the link
 
-    def compute_lanes(actor: str) -> list[str]:
+def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_ready: Mapping[str, float],
+              records: bool = True) -> Timeline:
+    """The event loop over an :class:`OpTable`; ``records=False`` (the planner's) keeps only the
+    iteration time, with no op records, lanes or critical path."""
+    n_ops, n_actors = len(table), len(table.actors)
+    kind, actor_of, bucket_of, priority, round_attr, rank = (table.kind, table.actor, table.bucket, table.priority,
+                                                              table.round, table.rank)
+    succ, nbytes, peer = table.succ, table.nbytes, table.peer
+    duration_of = table.durations(profile)
+    node_of = [cluster.node_of(a) for a in table.actors]
+
+    # lanes are integers: each actor's compute lanes, egress and ingress, then the shared core pools
+    lane_names: list[str] = []
+    lanes_of: list[list[int]] = []
+    for a in table.actors:
+        lanes_of.append(list(range(len(lane_names), len(lane_names) + cluster.compute_lanes)))
+        lane_names += [f"{a}/compute{i}" for i in range(cluster.compute_lanes)]
+    egress = list(range(len(lane_names), len(lane_names) + n_actors))
+    lane_names += [f"{a}/egress" for a in table.actors]
+    ingress = list(range(len(lane_names), len(lane_names) + n_actors))
+    lane_names += [f"{a}/ingress" for a in table.actors]
+    pools: dict[str, list[int]] = {}
+
+    def pool_lanes(node: int) -> list[int] | None:
+        pool = cluster.core_pool(node)
+        if pool is None:
+            return None
+        if pool[0] not in pools:
+            pools[pool[0]] = list(range(len(lane_names), len(lane_names) + pool[1]))
+            lane_names.extend(f"{pool[0]}/core{i}" for i in range(pool[1]))
+        return pools[pool[0]]
+
+    pool_of = [pool_lanes(node_of[a]) for a in range(n_actors)]
+    head = pool_lanes(0) if profile.dispatch_s else None
+    dispatch, task_cost = profile.dispatch_s, profile.task_cost_s
+    lane_free = [0.0] * len(lane_names)
+    lane_last = [-1] * len(lane_names)
+
+    def least_busy(candidates: list[int]) -> int:
+        best = candidates[0]
+        for lane in candidates:
+            if lane_free[lane] < lane_free[best]:
+                best = lane
+        return best
+
+    def compute_lanes(actor: int) -> list[int]:
         """The actor's least busy compute lane, plus one of its node's shared cores when cores are modelled."""
-        lanes = [min((f"{actor}/compute{i}" for i in range(cluster.compute_lanes)), key=lambda lane: lane_free[lane])]
-        pool = cluster.core_pool(node_of[actor])
+        lanes = [least_busy(lanes_of[actor])]
+        pool = pool_of[actor]
         if pool is not None:
-            lanes.append(min((f"{pool[0]}/core{i}" for i in range(pool[1])), key=lambda lane: lane_free[lane]))
+            lanes.append(least_busy(pool))
         return lanes
 
+    indeg = list(table.npred)
+    ready = [-1.0] * n_ops
+    cause = [-1] * n_ops
+    rounds = [0] * n_ops
+    end = [0.0] * n_ops
+    begin = [0.0] * n_ops
+    delay = [0.0] * n_ops  # recv -> seconds its payload takes to become usable after the link
+    sender = [-1] * n_ops  # recv -> its send
+    last, last_end = -1, -math.inf  # the op that ends last (the first such, in processing order)
+    heap: list[tuple[float, int, int, int, int]] = []  # (ready, bucket priority, transfer round, name rank, op)
+    start_of = [bucket_ready.get(name, 0.0) for name in table.tensors]
+    for n in range(n_ops):
+        if indeg[n] == 0:
+            ready[n] = start_of[bucket_of[n]]
+            heap.append((ready[n], priority[n], round_attr[n], rank[n], n))
+    heapq.heapify(heap)
+    task_seen: set[tuple[int, int, int]] = set()
+    link_memo: dict[tuple[int, bool], tuple[float, float]] = {}
+    link_bytes: dict[tuple[str, str], int] = defaultdict(int)
+    rows: list[dict[str, Any]] = []
+    done = 0
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        t_ready, _, _, n = heapq.heappop(heap)
-        a = graph.nodes[n]
-        op, actor = a["op"], a["actor"]
-        preds = list(graph.predecessors(n))
-        rounds[n] = max((rounds[p] + (graph.nodes[p]["op"] == "send") for p in preds), default=0)
-        start, lanes, duration = t_ready, [], 0.0
-        wire = 0.0
-        if op == "send":
-            (recv,) = graph.successors(n)
-            peer = a["peer"]
-            same = node_of[actor] == node_of[peer]
-            wire, delay[recv] = profile.link_s(a["nbytes"], same, cluster)
-            duration = profile.store_s(a["nbytes"])
-            nic = [f"{actor}/egress", f"{graph.nodes[recv]['actor']}/ingress"]
+        t_ready, _, _, _, n = pop(heap)
+        done += 1
+        k, actor = kind[n], actor_of[n]
+        start, lanes, duration, wire = t_ready, (), 0.0, 0.0
+        if k == SEND:
+            if len(succ[n]) != 1:
+                raise ValueError(f"send {table.names[n]!r} must feed exactly one recv, feeds {len(succ[n])}")
+            recv = succ[n][0]
+            sender[recv] = n
+            dst = peer[n]
+            same = node_of[actor] == node_of[dst]
+            size = nbytes[n]
+            costs = link_memo.get((size, same))
+            if costs is None:
+                costs = link_memo[(size, same)] = profile.link_s(size, same, cluster)
+            wire, delay[recv] = costs
+            duration = profile.store_s(size)
+            nic = (egress[actor], ingress[actor_of[recv]])
             if duration > 0:  # the sender's copy into the object store, then the wire
                 lanes = compute_lanes(actor)
             elif wire > 0:
                 lanes, duration, wire = nic, wire, 0.0
             if not same:
-                link_bytes[(actor, peer)] += a["nbytes"]
-        elif op in ("encode", "decode", "merge"):
+                link_bytes[(table.actors[actor], table.actors[dst])] += size
+        elif k != RECV:
             lanes = compute_lanes(actor)
-            duration = _op_cost(a, profile, len(preds))
-            key = (actor, a["tensor"], rounds[n])
+            duration = duration_of[n]
+            key = (actor, bucket_of[n], rounds[n])
             if key not in task_seen:
                 task_seen.add(key)
-                duration += profile.task_cost_s
-                dispatch = profile.dispatch_s
-                head = cluster.core_pool(0)
-                if dispatch and head is not None:  # the driver and raylet's CPU for this task, on the head node
-                    core = min((f"{head[0]}/core{i}" for i in range(head[1])), key=lambda l: lane_free[l])
+                duration += task_cost
+                if head is not None:  # the driver and raylet's CPU for this task, on the head node's cores
+                    core = least_busy(head)
                     lane_free[core] = max(lane_free[core], t_ready) + dispatch
-        lane_ready = max((lane_free[lane] for lane in lanes), default=0.0)
-        if lane_ready > start:  # waited for a lane: the op that held it is on the critical path
-            start = lane_ready
-            cause[n] = lane_last.get(max(lanes, key=lambda lane: lane_free[lane]))
+        if lanes:
+            held = lanes[0]
+            for lane in lanes:
+                if lane_free[lane] > lane_free[held]:
+                    held = lane
+            if lane_free[held] > start:  # waited for a lane: the op that held it is on the critical path
+                start = lane_free[held]
+                cause[n] = lane_last[held]
         finish = start + duration
-        if op == "recv":
-            finish += delay.pop(n, 0.0)
+        if k == RECV:
+            finish += delay[n]
         end[n] = finish
         begin[n] = start
+        if finish > last_end:
+            last, last_end = n, finish
         for lane in lanes:
             lane_free[lane] = finish
             lane_last[lane] = n
         if wire > 0:  # the payload crosses the NICs once stored; the recv waits for the wire to finish
-            wire_start = max([finish] + [lane_free[lane] for lane in nic])
+            wire_start = max(finish, lane_free[nic[0]], lane_free[nic[1]])
             for lane in nic:
                 lane_free[lane] = wire_start + wire
                 lane_last[lane] = n
             delay[recv] += wire_start + wire - finish
-            records.append(dict(op="wire", actor=actor, tensor=a["tensor"], part=a["part"], start=wire_start,
-                                end=wire_start + wire, nbytes=a["nbytes"], node=n, lane=nic[0]))
-        if op != "recv":
-            records.append(dict(op=op, actor=actor, tensor=a["tensor"], part=a["part"], start=start, end=finish,
-                                nbytes=a["nbytes"], node=n, lane=lanes[0] if lanes else actor))
-        else:
-            records.append(dict(op="recv", actor=actor, tensor=a["tensor"], part=a["part"],
-                                start=begin[preds[0]], end=finish,
-                                nbytes=a["nbytes"], node=n, lane=f"{actor}/ingress"))
-        for s in graph.successors(n):
-            if finish >= ready.get(s, -1.0):
+            if records:
+                rows.append(dict(op="wire", actor=table.actors[actor], tensor=table.tensors[bucket_of[n]],
+                                 part=table.part[n], start=wire_start, end=wire_start + wire, nbytes=nbytes[n],
+                                 node=table.names[n], lane=lane_names[nic[0]]))
+        if records:
+            name = table.actors[actor]
+            if k != RECV:
+                rows.append(dict(op=KINDS[k], actor=name, tensor=table.tensors[bucket_of[n]], part=table.part[n],
+                                 start=start, end=finish, nbytes=nbytes[n], node=table.names[n],
+                                 lane=lane_names[lanes[0]] if lanes else name))
+            else:
+                rows.append(dict(op="recv", actor=name, tensor=table.tensors[bucket_of[n]], part=table.part[n],
+                                 start=begin[sender[n]] if sender[n] >= 0 else start, end=finish,
+                                 nbytes=nbytes[n], node=table.names[n], lane=f"{name}/ingress"))
+        step = rounds[n] + (k == SEND)
+        for s in succ[n]:
+            if finish >= ready[s]:
                 ready[s] = finish
                 cause[s] = n
+            if step > rounds[s]:
+                rounds[s] = step
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(heap, (ready[s], graph.nodes[s]["priority"], graph.nodes[s].get("round", 0), s))
-    if len(end) != graph.number_of_nodes():
+                push(heap, (ready[s], priority[s], round_attr[s], rank[s], s))
+    if done != n_ops:
         raise ValueError("plan graph has a cycle; cannot simulate")
-    last = max(end, key=end.get) if end else None
+    iteration = max(end, default=0.0)
+    if not records:
+        return Timeline(records=[], iteration_time=iteration, critical_path=[], bytes_per_link=dict(link_bytes))
     path, node = [], last
-    while node is not None:
-        path.append(node)
-        node = cause.get(node)
-    lanes = sorted({r["lane"] for r in records})
-    return Timeline(records=sorted(records, key=lambda r: r["start"]), iteration_time=max(end.values(), default=0.0),
-                    critical_path=path[::-1], bytes_per_link=dict(link_bytes), lanes=lanes)
+    while node >= 0:
+        path.append(table.names[node])
+        node = cause[node]
+    lanes_used = sorted({r["lane"] for r in rows})
+    return Timeline(records=sorted(rows, key=lambda r: r["start"]), iteration_time=iteration,
+                    critical_path=path[::-1], bytes_per_link=dict(link_bytes), lanes=lanes_used)
 
 
 def _bucket_ready(plan: SyncPlan, ready_times: Mapping[str, float] | None) -> dict[str, float]:

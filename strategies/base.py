@@ -65,6 +65,14 @@ class GraphBuilder:
     def __init__(self, graph: nx.DiGraph | None = None):
         self.graph = graph if graph is not None else nx.DiGraph()
         self.codecs: dict[str, Codec] = {}
+        self._wire: dict[tuple[str, int], int] = {}
+
+    def wire_nbytes(self, key: str, n: int) -> int:
+        """``compressed_nbytes`` of codec ``key`` for ``n`` elements (memoized: a plan asks for few sizes)."""
+        size = self._wire.get((key, n))
+        if size is None:
+            size = self._wire[(key, n)] = self.codecs[key].compressed_nbytes(n)
+        return size
 
     def codec_key(self, codec: Codec) -> str:
         key = str(codec)
@@ -108,8 +116,7 @@ class GraphBuilder:
         """Decode the payload produced by node ``payload`` (whose encode node is ``codec_of``)."""
         key = self.graph.nodes[codec_of]["codec"]
         n = unit.partitions[part][1] - unit.partitions[part][0]
-        node = self.add(unit, part, actor, "decode", tag, codec=key,
-                        nbytes=self.codecs[key].compressed_nbytes(n), output=output)
+        node = self.add(unit, part, actor, "decode", tag, codec=key, nbytes=self.wire_nbytes(key, n), output=output)
         self.connect(payload, node)
         return node
 
@@ -131,7 +138,7 @@ class GraphBuilder:
         """Move ``payload`` from actor ``src`` to ``dst`` as a send/recv pair; returns the recv node."""
         key = self.graph.nodes[codec_of]["codec"]
         n = unit.partitions[part][1] - unit.partitions[part][0]
-        wire = self.codecs[key].compressed_nbytes(n)
+        wire = self.wire_nbytes(key, n)
         send = self.add(unit, part, src, "send", f"{stage}.to.{dst}", nbytes=wire, peer=dst, codec=key,
                         stage=stage)
         recv = self.add(unit, part, dst, "recv", f"{stage}.from.{src}", nbytes=wire, peer=src, codec=key,

@@ -121,3 +121,19 @@ def test_timeline_draws(tmp_path):
     plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="onebit")
     png = simulate(plan).draw(str(tmp_path / "sim.png"))
     assert open(png, "rb").read(4) == b"\x89PNG"
+
+
+def test_gantt_draws_one_collection_per_op_kind_and_lane(tmp_path, monkeypatch):
+    """A 16-worker plan has tens of thousands of ops: one matplotlib artist each took minutes to draw."""
+    from matplotlib.axes import Axes
+
+    calls = []
+    real = Axes.broken_barh
+    monkeypatch.setattr(Axes, "broken_barh", lambda self, xranges, yrange, **kw: (
+        calls.append(len(xranges)), real(self, xranges, yrange, **kw))[1])
+    plan = casync.build_plan("resnet50", workers=8, strategy="ps", codec="onebit")
+    tl = simulate(plan, ClusterModel.for_workers(8))
+    tl.draw(str(tmp_path / "big.png"))
+    drawn = [r for r in tl.records if r["op"] != "wire"]
+    assert sum(calls) == len(drawn)  # every op drawn
+    assert len(calls) <= 5 * 8  # ... in one call per (op kind, worker)

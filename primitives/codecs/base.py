@@ -157,6 +157,8 @@ def as_input(x: Any) -> np.ndarray:
 
 def check_length(n: Any) -> int:
     """Validate a decode length: a non-negative integer."""
+    if type(n) is int and n >= 0:  # the common case, without the slower ABC check below
+        return n
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"length n must be an int, got {type(n).__name__}")
     if n < 0:

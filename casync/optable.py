@@ -1,0 +1,151 @@
+"""A plan graph as flat lists of integers: what the simulator's event loop reads.
+
+``OpTable.from_graph`` turns a plan's ``networkx`` graph into one row per op (kind, actor, bucket,
+priority, bytes, successors, ...), numbered in graph order, so the simulator never looks up node
+attributes by name.  ``OpTable.concat`` glues one table per bucket into a whole plan's table: the
+planner builds each distinct (bucket size, option) once, as a fragment, and simulates candidate plans
+from fragments instead of assembling every candidate's graph.  Both paths give the same rows, in the
+same order, as ``from_graph`` on the assembled plan; ties between ops are broken by node name, as
+ever, through ``rank``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import networkx as nx
+
+KINDS = ("encode", "decode", "merge", "send", "recv")
+ENCODE, DECODE, MERGE, SEND, RECV = range(len(KINDS))
+_KIND = {k: i for i, k in enumerate(KINDS)}
+
+
+@dataclass
+class OpTable:
+    """One row per op; list ``x[i]`` is op ``i``'s attribute ``x``.  Actors and buckets are indices into
+    ``actors`` and ``tensors``; ``rank[i]`` orders ops by node name (the simulator's last tie-break)."""
+
+    names: list[str]
+    kind: list[int]
+    actor: list[int]
+    bucket: list[int]
+    part: list[int]
+    priority: list[int]
+    round: list[int]  # the "round" attribute: the order of a PS exchange's shifted transfers
+    nbytes: list[int]
+    peer: list[int]  # send: the receiving actor; -1 otherwise
+    succ: list[list[int]]
+    npred: list[int]
+    rank: list[int]
+    cost: list[tuple]  # what the op's compute cost depends on: (codec, numel, error feedback, merged inputs)
+    actors: list[str]
+    tensors: list[str]
+    _durations: dict[int, tuple[Any, list[float]]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @classmethod
+    def from_graph(cls, graph: nx.DiGraph) -> "OpTable":
+        """Rows in ``graph``'s node order; ``rank`` sorts node names."""
+        index = {n: i for i, n in enumerate(graph)}
+        actors: dict[str, int] = {}
+        tensors: dict[str, int] = {}
+        t = cls(names=list(index), kind=[], actor=[], bucket=[], part=[], priority=[], round=[], nbytes=[],
+                peer=[], succ=[], npred=[], rank=[0] * len(index), cost=[], actors=[], tensors=[])
+        pred = graph._pred
+        for n, a in graph.nodes(data=True):
+            op = a["op"]
+            kind = _KIND.get(op)
+            if kind is None:
+                raise ValueError(f"plan node {n!r} has an unknown op {op!r}; expected one of {', '.join(KINDS)}")
+            t.kind.append(kind)
+            t.actor.append(actors.setdefault(a["actor"], len(actors)))
+            t.bucket.append(tensors.setdefault(a["tensor"], len(tensors)))
+            t.part.append(a["part"])
+            t.priority.append(a["priority"])
+            t.round.append(a.get("round", 0))
+            t.nbytes.append(a["nbytes"])
+            t.peer.append(actors.setdefault(a["peer"], len(actors)) if kind == SEND else -1)
+            t.succ.append([index[s] for s in graph._succ[n]])
+            inputs = len(pred[n])
+            t.npred.append(inputs)
+            if kind == ENCODE:
+                t.cost.append((a["codec"], a["numel"], bool(a.get("ef")), 0))
+            elif kind == DECODE:
+                t.cost.append((a["codec"], a["numel"], False, 0))
+            elif kind == MERGE:
+                t.cost.append((None, a["numel"], False, inputs + (1 if a.get("local_input") else 0)))
+            else:
+                t.cost.append(None)
+        for r, i in enumerate(sorted(range(len(t.names)), key=t.names.__getitem__)):
+            t.rank[i] = r
+        t.actors = list(actors)
+        t.tensors = list(tensors)
+        return t
+
+    @classmethod
+    def concat(cls, parts: Sequence[tuple["OpTable", str, int]]) -> "OpTable":
+        """One table from per-bucket fragments ``(table, bucket name, priority)``, in plan order.
+
+        Each fragment holds one bucket (built under any name); its rows are renumbered after the
+        previous fragments', renamed to ``bucket name`` and given ``priority``.  Names compare within a
+        bucket exactly as their suffixes do, so ranks stay local when every bucket has its own priority.
+        """
+        actors: dict[str, int] = {}
+        t = cls(names=[], kind=[], actor=[], bucket=[], part=[], priority=[], round=[], nbytes=[], peer=[],
+                succ=[], npred=[], rank=[], cost=[], actors=[], tensors=[])
+        priorities = [p for _, _, p in parts]
+        if len(set(priorities)) != len(priorities):
+            raise ValueError("OpTable.concat needs a distinct priority per bucket (ties are broken by name)")
+        for b, (frag, name, priority) in enumerate(parts):
+            if len(frag.tensors) != 1:
+                raise ValueError(f"a fragment holds one bucket, got {len(frag.tensors)}")
+            offset = len(t.kind)
+            old = frag.tensors[0]
+            amap = [actors.setdefault(a, len(actors)) for a in frag.actors]
+            t.names += [name + n[len(old):] for n in frag.names]
+            t.kind += frag.kind
+            t.actor += [amap[a] for a in frag.actor]
+            t.bucket += [b] * len(frag)
+            t.part += frag.part
+            t.priority += [priority] * len(frag)
+            t.round += frag.round
+            t.nbytes += frag.nbytes
+            t.peer += [amap[p] if p >= 0 else -1 for p in frag.peer]
+            t.succ += [[s + offset for s in ss] for ss in frag.succ]
+            t.npred += frag.npred
+            t.rank += [r + offset for r in frag.rank]
+            t.cost += frag.cost
+            t.tensors.append(name)
+        t.actors = list(actors)
+        if parts:  # durations the fragments share a profile for carry over
+            for key, (profile, _) in parts[0][0]._durations.items():
+                if all(frag._durations.get(key, (None,))[0] is profile for frag, _, _ in parts):
+                    t._durations[key] = (profile, [d for frag, _, _ in parts for d in frag._durations[key][1]])
+        return t
+
+    def durations(self, profile: Any) -> list[float]:
+        """Seconds of compute per op under ``profile`` (0 for sends and recvs), cached per profile."""
+        cached = self._durations.get(id(profile))
+        if cached is not None and cached[0] is profile:
+            return cached[1]
+        memo: dict[tuple, float] = {}
+        out = []
+        for kind, key in zip(self.kind, self.cost):
+            if key is None:
+                out.append(0.0)
+                continue
+            d = memo.get((kind, key))
+            if d is None:
+                codec, numel, ef, inputs = key
+                if kind == ENCODE:
+                    d = profile.encode_s(codec, numel, ef)
+                elif kind == DECODE:
+                    d = profile.decode_s(codec, numel)
+                else:
+                    d = profile.merge_s(numel, inputs)
+                memo[(kind, key)] = d
+            out.append(d)
+        self._durations[id(profile)] = (profile, out)
+        return out
