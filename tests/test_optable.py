@@ -111,3 +111,18 @@ def test_planning_leaves_garbage_collection_as_it_found_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_simulator_names_broken_graphs():
+    """Hand-edited plans: a cycle, or a send that does not feed exactly one recv, is a clear error, not a hang."""
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="none", partitions=1)
+    send = next(n for n, op in plan.graph.nodes(data="op") if op == "send")
+    recv = next(iter(plan.graph.successors(send)))
+    plan.graph.add_edge(send, next(n for n, op in plan.graph.nodes(data="op") if op == "decode" and n != recv))
+    with pytest.raises(ValueError, match=f"{send}.*exactly one recv"):
+        simulate(plan)
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="none", partitions=1)
+    first, last = next(iter(plan.graph)), list(plan.graph)[-1]
+    plan.graph.add_edge(last, first)
+    with pytest.raises(ValueError, match="cycle"):
+        simulate(plan)
