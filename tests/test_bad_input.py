@@ -175,6 +175,8 @@ SYNC_CASES = [
     ("torch complex", _set(1, "a", torch.ones(4, 3, dtype=torch.complex64)), TypeError, "tensor 'a'"),
     ("torch meta", _set(1, "a", torch.ones(4, 3, device="meta")), TypeError, "tensor 'a'.*meta"),
     ("torch sparse", _set(1, "a", torch.ones(4, 3).to_sparse()), TypeError, "tensor 'a'.*sparse"),
+    ("torch negative view", _set(1, "a", torch._neg_view(torch.ones(4, 3))), TypeError,
+     "worker 1, tensor 'a': cannot read this tensor as float32 on the CPU"),
     ("torch wrong shape", _set(0, "a", torch.ones(12)), ValueError, "worker 0, tensor 'a': expected shape"),
 ]
 GOOD_VARIANTS = {  # accepted and converted to float32: the same result as float32 NumPy input
