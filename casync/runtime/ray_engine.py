@@ -148,6 +148,38 @@ def release(actors: Any, pg: Any, owns_ray: bool) -> None:
         ray.shutdown()
 
 
+def dead_actors(actors: Mapping[str, Any], ping: str) -> list[str]:
+    """Names of ``actors`` whose ``ping`` method fails, pinged all at once (a busy survivor costs at most
+    2 s, not 2 s each)."""
+    pings = {name: getattr(handle, ping).remote() for name, handle in actors.items()}
+    ready, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=2.0)
+    dead = []
+    for name, ref in pings.items():
+        if ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:
+                dead.append(name)
+    return dead
+
+
+def get_or_fail(refs: list[Any], what: str, timeout_s: float, deadline: float | None, fail: Any,
+                actors: Mapping[str, Any], ping: str) -> list[Any]:
+    """``ray.get`` within ``timeout_s`` (or until ``deadline``, a ``time.monotonic()``): a timeout or a lost
+    actor calls ``fail(reason)`` and raises :class:`SyncTimeoutError` / :class:`WorkerLostError` naming the
+    dead actors; a failed task's ``RayTaskError`` is the caller's to map."""
+    timeout = timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        return ray.get(refs, timeout=timeout)
+    except GetTimeoutError:
+        fail(f"timed out after {timeout_s:.0f}s while {what}")
+        raise SyncTimeoutError(f"{what}: no result within timeout_s={timeout_s:.0f}s") from None
+    except RayActorError as exc:
+        lost = dead_actors(actors, ping)
+        fail(f"actor(s) {lost or '?'} lost while {what}")
+        raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
+
+
 def timeline_rows(plan: SyncPlan, step: int, records: dict[str, list[tuple]]) -> list[dict[str, Any]]:
     """Actor op records ``(op, tensor, part, start, end, nbytes, node[, cpu])`` as timeline rows sorted by start
     (``cpu`` None where the record has none, e.g. the Trainer's forward/backward/update rows);
@@ -330,32 +362,11 @@ class RayEngine:
                             "one and load_state_dict() the last saved state")
 
     def _get(self, refs: list[Any], what: str, deadline: float | None = None) -> list[Any]:
-        timeout = self.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return ray.get(refs, timeout=timeout)
-        except GetTimeoutError:
-            self._fail(f"timed out after {self.timeout_s:.0f}s while {what}")
-            raise SyncTimeoutError(f"{what}: no result within timeout_s={self.timeout_s:.0f}s") from None
-        except RayActorError as exc:
-            lost = self._dead_actors()
-            self._fail(f"actor(s) {lost or '?'} lost while {what}")
-            raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
+            return get_or_fail(refs, what, self.timeout_s, deadline, self._fail, self.actors, "pid")
         except RayTaskError as exc:
             self._fail(f"a task failed while {what}")
             raise SyncError(f"{what}: a task failed: {exc}") from exc
-
-    def _dead_actors(self) -> list[str]:
-        """Actors whose ping fails (pinged all at once: a busy survivor costs at most 2 s, not 2 s each)."""
-        pings = {name: handle.pid.remote() for name, handle in self.actors.items()}
-        ready, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=2.0)
-        dead = []
-        for name, ref in pings.items():
-            if ref in ready:
-                try:
-                    ray.get(ref, timeout=0)
-                except Exception:
-                    dead.append(name)
-        return dead
 
     def _fail(self, reason: str) -> None:
         self._broken = reason

@@ -10,21 +10,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..errors import SyncError, SyncTimeoutError
 from ..nonfinite import layouts
 from ..plan import SyncPlan
 from ..runtime.program import Program, compile_program
-from ..runtime.ray_engine import (DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, release, submit_iteration,
-                                  timeline_rows)
+from ..runtime.ray_engine import (DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, get_or_fail, release,
+                                  submit_iteration, timeline_rows)
 from .options import TrainOptions
 from .worker import SYNC_GROUP, StepSyncActor, TrainWorker
 
@@ -155,32 +154,13 @@ class TrainEngine:
     def get(self, refs: list[Any], what: str, deadline: float | None = None) -> list[Any]:
         """``ray.get`` with this engine's timeout; failures become typed errors and make the engine unusable.
         An exception raised in user code (model_fn, loss_fn, data_fn) is re-raised as its own type."""
-        timeout = self.options.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return ray.get(refs, timeout=timeout)
-        except GetTimeoutError:
-            self._fail(f"timed out after {self.options.timeout_s:.0f}s while {what}")
-            raise SyncTimeoutError(f"{what}: no result within timeout_s={self.options.timeout_s:.0f}s") from None
-        except RayActorError as exc:
-            lost = self._dead_actors()
-            self._fail(f"actor(s) {lost or '?'} lost while {what}")
-            raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
+            return get_or_fail(refs, what, self.options.timeout_s, deadline, self._fail, self.actors, "ready")
         except RayTaskError as exc:
             self._fail(f"a task failed while {what}: {type(exc.cause).__name__}: {exc.cause}"[:300])
             if isinstance(exc.cause, SyncError):
                 raise type(exc.cause)(f"{what}: {exc.cause}") from exc
             raise exc.as_instanceof_cause() from None
-
-    def _dead_actors(self) -> list[str]:
-        dead = []
-        for name, handle in self.actors.items():
-            try:
-                ray.get(handle.ready.remote(), timeout=2.0)
-            except RayActorError:
-                dead.append(name)
-            except Exception:
-                pass
-        return dead
 
     def _fail(self, reason: str) -> None:
         self._broken = reason
