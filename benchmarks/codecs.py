@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from casync.profiler import best_time  # noqa: E402
+from casync.sim.profiler import best_time  # noqa: E402
 from primitives.codecs import available_codecs, get_codec, payload_nbytes  # noqa: E402
 
 #: Parameters used for codecs that take some (others use their defaults).

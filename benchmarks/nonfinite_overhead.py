@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from casync.nonfinite import BucketLayout, all_finite, scan_worker
+from casync.engines.nonfinite import BucketLayout, scan_worker
 from primitives.codecs import get_codec
+from primitives.finite import all_finite
 
 
 def best(fn, repeat: int) -> float:
@@ -58,8 +59,8 @@ def main() -> None:
     engine_rows = []
     if args.model:
         import casync
-        from casync.inputs import flatten_worker_grads
-        from casync.nonfinite import layouts
+        from casync.engines.inputs import flatten_worker_grads
+        from casync.engines.nonfinite import layouts
 
         plan = casync.build_plan(args.model, workers=args.workers, strategy="ring", codec="onebit")
         rng = np.random.default_rng(1)

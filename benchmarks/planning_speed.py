@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from casync._table import format_table, markdown_table
+from casync.table import format_table, markdown_table
 
 CHILD = """
 import json, sys, time

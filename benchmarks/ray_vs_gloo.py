@@ -49,7 +49,7 @@ try:  # an installed casync or one on PYTHONPATH wins
 except ImportError:  # a checkout without `pip install -e .`
     sys.path.insert(0, str(ROOT))  # (Ray hands the driver's sys.path to its workers: the actors import the same)
     import casync
-from casync.models import model_tensors  # noqa: E402
+from casync.plan.models import model_tensors  # noqa: E402
 
 GOAL_RATIO, STRETCH_RATIO = 1.5, 1.0
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -150,7 +150,7 @@ def timeline_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- casync ------------------------------------------------------------------------------------------------
 def bench_ray_engine(plan, grads, iters: int, label: str, check: bool = True) -> dict[str, Any]:
-    from casync.inputs import flatten_worker_grads
+    from casync.engines.inputs import flatten_worker_grads
     from casync.runtime.ray_engine import RayEngine
 
     log(f"{label}: starting RayEngine ({len(plan.actors)} actors)")
@@ -211,7 +211,7 @@ def _check_mean(grads, out, label: str) -> None:
 
 
 def bench_local_engine(plan, grads, iters: int, label: str) -> dict[str, Any]:
-    from casync.inputs import flatten_worker_grads
+    from casync.engines.inputs import flatten_worker_grads
 
     engine = casync.LocalEngine(plan)
     flats, _ = flatten_worker_grads(plan, grads)

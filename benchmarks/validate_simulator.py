@@ -27,11 +27,11 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 import casync
-from casync._table import format_table, markdown_table
-from casync.calibrate import calibration_plans, fit_runtime, measure_dispatch, measure_timelines, sync_span
-from casync.costmodel import ClusterModel, Profile
+from casync.runtime.calibrate import calibration_plans, fit_runtime, measure_dispatch, measure_timelines, sync_span
 from casync.runtime.ray_engine import connect_ray
-from casync.simulator import simulate
+from casync.sim.costmodel import ClusterModel, Profile
+from casync.sim.simulator import simulate
+from casync.table import format_table, markdown_table
 
 CONFIGS = [
     ("ring", "none", 2), ("ring", "onebit", 4), ("ring", "topk:ratio=0.01", 3),

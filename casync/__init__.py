@@ -6,16 +6,22 @@
 """
 from primitives.codecs import Codec, available_codecs, get_codec, register_codec
 
-from .build import build_plan
-from .costmodel import ClusterModel, Profile
-from .engine_local import LocalEngine
-from .errors import (NonFiniteGradientError, PlanFormatError, ReplicaMismatchError, SyncError, SyncTimeoutError,
-                     WorkerLostError)
-from .nonfinite import NonFiniteReport, SyncOutput
-from .models import model_names
-from .plan import SyncPlan
-from .simulator import Timeline, simulate
-from .specs import Bucket, TensorSpec
+from .engines.local import LocalEngine
+from .engines.nonfinite import NonFiniteReport, SyncOutput
+from .errors import (
+    NonFiniteGradientError,
+    PlanFormatError,
+    ReplicaMismatchError,
+    SyncError,
+    SyncTimeoutError,
+    WorkerLostError,
+)
+from .plan.build import build_plan
+from .plan.models import model_names
+from .plan.specs import Bucket, TensorSpec
+from .plan.syncplan import SyncPlan
+from .sim.costmodel import ClusterModel, Profile
+from .sim.simulator import Timeline, simulate
 
 __version__ = "0.1.0"
 
@@ -31,7 +37,7 @@ def __getattr__(name: str):
 
         return Trainer
     if name == "profile":
-        from .profiler import profile
+        from .sim.profiler import profile
 
         return profile
     if name in ("choose_plan", "backward_ready_times"):

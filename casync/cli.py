@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._table import format_table
+from .table import format_table
 
 
 def _codec_arg(text: str) -> str | None:
@@ -28,7 +28,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_from_args(args: argparse.Namespace):
-    from .build import build_plan
+    from .plan.build import build_plan
 
     return build_plan(args.model, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
                       servers=args.servers, partitions=args.partitions, two_way=not args.one_way,
@@ -59,7 +59,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .profiler import DEFAULT_SIZES, profile
+    from .sim.profiler import DEFAULT_SIZES, profile
 
     sizes = DEFAULT_SIZES[:4] if args.quick else DEFAULT_SIZES
     # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
@@ -73,7 +73,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.netem and not args.calibrate_ray:
         raise ValueError("--netem only says where --calibrate-ray runs; add --calibrate-ray")
     if args.calibrate_ray:
-        from .calibrate import calibrate_ray
+        from .runtime.calibrate import calibrate_ray
 
         address = cluster = None
         if args.netem:
@@ -93,10 +93,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .build import build_plan
-    from .costmodel import ClusterModel, Profile
+    from .plan.build import build_plan
     from .planner import backward_ready_times
-    from .simulator import simulate
+    from .sim.costmodel import ClusterModel, Profile
+    from .sim.simulator import simulate
 
     cluster = ClusterModel.for_workers(args.workers, workers_per_node=args.workers_per_node,
                                        bandwidth_gbps=args.bandwidth, latency_us=args.latency_us)
@@ -137,8 +137,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
     from .training import Trainer
-    from .training.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
 
     fns = (DigitsMLP.named(args.model), SGD(lr=args.lr, momentum=args.momentum), cross_entropy,
            DigitsData(batch_size=args.batch_size, seed=args.seed))
@@ -177,7 +177,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .models import model_names, model_num_params, model_shapes
+    from .plan.models import model_names, model_num_params, model_shapes
 
     rows = [[n, len(model_shapes(n)), model_num_params(n)] for n in model_names()]
     print(format_table(["model", "tensors", "parameters"], rows))

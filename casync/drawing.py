@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 if TYPE_CHECKING:
-    from .plan import SyncPlan
+    from .plan.syncplan import SyncPlan
 
 OP_COLORS = {"encode": "#4C72B0", "decode": "#55A868", "merge": "#C44E52", "send": "#8172B2", "recv": "#CCB974"}
 

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 
 import casync
-from casync._table import format_table
+from casync.datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
 from casync.runtime.ray_engine import connect_ray
-from casync.training.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
+from casync.table import format_table
 
 RUNS = [  # label, codec, error feedback
     ("none", None, True),

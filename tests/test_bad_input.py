@@ -7,17 +7,16 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import make_grads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casync
 from casync import cli
-from casync.costmodel import ClusterModel, Profile
+from casync.engines.inputs import flatten_worker_grads
 from casync.errors import PlanFormatError
-from casync.inputs import flatten_worker_grads
+from casync.sim.costmodel import ClusterModel, Profile
 from primitives.codecs import available_codecs
-
-from conftest import make_grads
 
 pytestmark = pytest.mark.timeout(120)  # "bounded time": a hang fails the test instead of stalling the suite
 

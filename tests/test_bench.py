@@ -10,11 +10,11 @@ import math
 import pytest
 
 from casync.bench.grid import Grid, plan_arguments
-from casync.bench.setup import local_setup, netem_setup, parse_rate_gbps
 from casync.bench.predict import compact_plan, make_plan
+from casync.bench.setup import local_setup, netem_setup, parse_rate_gbps
 from casync.cli import main
-from casync.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
-from casync.simulator import simulate
+from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from casync.sim.simulator import simulate
 
 STRATEGIES = ("ps-twoway", "auto")
 CODECS = ("none", "onebit")

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import pytest
 
 import casync
-from casync.calibrate import fit_runtime, measure_dispatch, measure_timelines, sync_span, task_spans
-from casync.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
-from casync.runtime.program import compile_program
-from casync.simulator import simulate
+from casync.runtime.calibrate import fit_runtime, measure_dispatch, measure_timelines, sync_span, task_spans
+from casync.schedule import compile_program
+from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from casync.sim.simulator import simulate
 
 RUNTIME = RuntimeCosts(compute_scale=3.0, task_gap_s=0.004, hop=LinearCost(0.005, 1e-10),
                        op_scale={"encode:onebit": 5.0})

@@ -19,9 +19,9 @@ from primitives.codecs import (
     parse_spec,
     payload_nbytes,
     register_codec,
+    sparse,
     unregister_codec,
 )
-from primitives.codecs import sparse
 from primitives.codecs.base import CHUNK, field
 
 # -- what is tested ------------------------------------------------------------

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import casync
-from casync.build import BucketChoice, assemble_plan, make_buckets, name_buckets
-from casync.costmodel import ClusterModel
-from casync.simulator import simulate
-from casync.tensors import tensor_specs
+from casync.plan.build import BucketChoice, assemble_plan, make_buckets, name_buckets
+from casync.plan.tensors import tensor_specs
+from casync.sim.costmodel import ClusterModel
+from casync.sim.simulator import simulate
 from primitives.codecs import get_codec
 
 

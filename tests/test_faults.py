@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import time
 
+import faultkit
 import numpy as np
 import pytest
+from conftest import make_grads
 
 import casync
 from casync.runtime.ray_engine import RayEngine
-
-import faultkit
-from conftest import make_grads
 
 SHAPES = {"w": (30_000,), "b": (300,), "s": ()}
 STEPS = 4

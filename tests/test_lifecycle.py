@@ -5,13 +5,12 @@ from __future__ import annotations
 import gc
 import time
 
+import faultkit
 import numpy as np
+from conftest import make_grads
 
 import casync
 from casync.runtime.ray_engine import RayEngine
-
-import faultkit
-from conftest import make_grads
 
 SHAPES = {"w": (5000,), "b": (50,)}
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import ODD_SHAPES, STRATEGY_CONFIGS, STRATEGY_IDS, make_grads
 
 import casync
 from primitives.codecs import available_codecs
-
-from conftest import ODD_SHAPES, STRATEGY_CONFIGS, STRATEGY_IDS, make_grads
 
 CODEC_SPECS = {name: name for name in available_codecs()} | {"topk": "topk:ratio=0.1", "randomk": "randomk:ratio=0.1"}
 

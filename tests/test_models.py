@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from casync.models import (
+from casync.plan.models import (
     MODELS,
     build_torch_model,
     model_names,

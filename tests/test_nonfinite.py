@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import STRATEGY_CONFIGS, STRATEGY_IDS, make_grads
 
 import casync
+from casync.engines.nonfinite import layouts, scan_worker
 from casync.errors import NonFiniteGradientError
-from casync.nonfinite import all_finite, scan_worker, layouts
 from primitives.codecs import available_codecs
-
-from conftest import STRATEGY_CONFIGS, STRATEGY_IDS, make_grads
+from primitives.finite import all_finite
 
 SHAPES = {"fc.weight": (40, 25), "fc.bias": (25,), "emb": (600,)}
 CODECS = {name: name for name in available_codecs()} | {"topk": "topk:ratio=0.05", "randomk": "randomk:ratio=0.05"}
@@ -56,7 +56,7 @@ def test_finiteness_check_and_scan_name_tensors():
     grads = make_grads(SHAPES, 2)
     grads[0]["fc.bias"][[1, 2]] = [np.inf, -np.inf]
     grads[0]["emb"][5] = np.nan
-    from casync.inputs import flatten_worker_grads
+    from casync.engines.inputs import flatten_worker_grads
 
     flats, _ = flatten_worker_grads(plan, grads)
     reports, parts = scan_worker(layouts(plan), 0, flats[0])
@@ -181,7 +181,7 @@ RAY_CONFIGS = [("ring", "qsgd", {}), ("ps", "terngrad", {"servers": 2})]
 
 def _remote_flats(ray, plan, grads):
     """Gradients as ObjectRefs the driver never reads (as an actor computing them would hand over)."""
-    from casync.inputs import flatten_worker_grads
+    from casync.engines.inputs import flatten_worker_grads
 
     flats, _ = flatten_worker_grads(plan, grads)
     return [ray.put(f) for f in flats]

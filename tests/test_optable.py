@@ -6,12 +6,12 @@ import random
 import pytest
 
 import casync
-from casync.build import assemble_plan
-from casync.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
-from casync.optable import OpTable
+from casync.plan.build import assemble_plan
+from casync.plan.tensors import tensor_specs
 from casync.planner import Planner, backward_ready_times
-from casync.simulator import run_table, simulate
-from casync.tensors import tensor_specs
+from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from casync.sim.optable import OpTable
+from casync.sim.simulator import run_table, simulate
 from primitives.codecs import get_codec
 
 CALIBRATED = Profile.default().with_runtime(RuntimeCosts(

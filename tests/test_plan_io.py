@@ -7,17 +7,16 @@ import json
 import networkx as nx
 import numpy as np
 import pytest
+from conftest import make_grads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import casync
-from casync.build import BucketChoice, assemble_plan, make_buckets, name_buckets
 from casync.errors import PlanFormatError
-from casync.plan_io import PLAN_FORMAT, PLAN_VERSION
-from casync.tensors import tensor_specs
+from casync.plan.build import BucketChoice, assemble_plan, make_buckets, name_buckets
+from casync.plan.io import PLAN_FORMAT, PLAN_VERSION
+from casync.plan.tensors import tensor_specs
 from primitives.codecs import get_codec
-
-from conftest import make_grads
 
 SHAPES = {"w": (300,), "m": (13, 7), "s": (), "b": (5,)}
 CONFIGS = {

@@ -6,12 +6,12 @@ import itertools
 import pytest
 
 import casync
-from casync.build import BucketChoice, assemble_plan, make_buckets, name_buckets
 from casync.cli import main
-from casync.costmodel import ClusterModel, Profile
+from casync.plan.build import BucketChoice, assemble_plan, make_buckets, name_buckets
+from casync.plan.tensors import tensor_specs
 from casync.planner import backward_ready_times, choose_plan
-from casync.simulator import simulate
-from casync.tensors import tensor_specs
+from casync.sim.costmodel import ClusterModel, Profile
+from casync.sim.simulator import simulate
 from primitives.codecs import get_codec
 
 MIXED = {"fc.weight": (2048, 1024), "fc.bias": (2048,), "ln.weight": (1024,), "conv.weight": (128, 128, 3, 3),

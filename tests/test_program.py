@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import casync
-from casync.runtime.program import compile_program
+from casync.schedule import compile_program
 
 
 @pytest.mark.parametrize("strategy,extra", [("ring", {}), ("allgather", {}), ("ps", {}), ("ps", {"servers": 2})])

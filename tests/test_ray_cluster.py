@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+from conftest import make_grads
 
 import casync
 from casync.runtime.ray_engine import RayEngine
-
-from conftest import make_grads
 
 
 def test_spread_places_actors_on_distinct_nodes_and_matches_local(ray_cluster):

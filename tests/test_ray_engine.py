@@ -5,11 +5,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import make_grads
 
 import casync
 from casync.runtime.ray_engine import RayEngine
-
-from conftest import make_grads
 
 SHAPES = {"w": (2000,), "m": (31, 17), "s": (), "b": (7,)}
 CONFIGS = [

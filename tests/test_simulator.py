@@ -6,9 +6,9 @@ import json
 import pytest
 
 import casync
-from casync.costmodel import ClusterModel, LinearCost, Profile
-from casync.profiler import fit_linear, profile_codecs
-from casync.simulator import simulate
+from casync.sim.costmodel import ClusterModel, LinearCost, Profile
+from casync.sim.profiler import fit_linear, profile_codecs
+from casync.sim.simulator import simulate
 
 
 def test_default_profile_round_trips(tmp_path):

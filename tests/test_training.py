@@ -16,9 +16,9 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle  # noqa: E402
 
 import casync  # noqa: E402
+from casync.datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy, load_split  # noqa: E402
 from casync.training.checkpoint import read_checkpoint  # noqa: E402
 from casync.training.dgc import MomentumCorrection, warmup_ratio  # noqa: E402
-from casync.training.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy, load_split  # noqa: E402
 from casync.training.records import History, StepRecord  # noqa: E402
 from casync.training.trainer import _covered, lossless_twin  # noqa: E402
 

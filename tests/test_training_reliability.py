@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 import ray.cloudpickle  # noqa: E402
 
 import casync  # noqa: E402
-from casync.training.digits import SGD, DigitsData, DigitsMLP, cross_entropy  # noqa: E402
+from casync.datasets.digits import SGD, DigitsData, DigitsMLP, cross_entropy  # noqa: E402
 
 # functions defined here travel to the worker actors by value (this module is not importable there)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-
 from .workload import exact_mean, model_shapes, worker_flat
 
 BASELINES: dict[str, str] = {

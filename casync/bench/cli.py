@@ -78,10 +78,10 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
 def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     """Run the comparison the arguments describe; print the tables; exit 1 if a configuration failed or
     produced inconsistent replicas."""
+    from ..sim.costmodel import Profile
     from .report import text_summary, write_report
     from .runner import run_bench
     from .setup import local_setup, netem_setup
-    from ..costmodel import Profile
 
     if args.iters < 1 or args.warmup < 0 or args.head_to_head < 0:
         raise ValueError(f"--iters must be >= 1, --warmup and --head-to-head >= 0, got {args.iters}, "

@@ -84,7 +84,7 @@ class Grid:
         for w in tuple(self.workers) + tuple(self.sim_workers):
             if isinstance(w, bool) or not isinstance(w, int) or w < 2:
                 raise ValueError(f"worker counts must be ints >= 2, got {w!r}")
-        from ..models import model_names
+        from ..plan.models import model_names
 
         known = set(model_names())
         for m in tuple(self.models) + tuple(self.sim_models or ()):

@@ -15,9 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..plan import SyncPlan
+from ..plan.syncplan import SyncPlan
 from .workload import bucket_layout, make_bucket_buffers
-
 
 _MAKER: list[Any] = []
 

@@ -10,12 +10,11 @@ from typing import Any
 
 from primitives.codecs import get_codec
 
-from ..build import BucketChoice, assemble_plan, build_plan, make_buckets, name_buckets
-from ..build import DEFAULT_BUCKET_BYTES
-from ..costmodel import ClusterModel, Profile
-from ..plan import SyncPlan
-from ..simulator import Timeline, simulate
-from ..tensors import tensor_specs
+from ..plan.build import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, build_plan, make_buckets, name_buckets
+from ..plan.syncplan import SyncPlan
+from ..plan.tensors import tensor_specs
+from ..sim.costmodel import ClusterModel, Profile
+from ..sim.simulator import Timeline, simulate
 from .grid import plan_arguments
 
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._table import format_table, markdown_table
 from ..drawing import draw_gantt
+from ..table import format_table, markdown_table
 from .baselines import BASELINES, REFERENCE
 from .grid import STRATEGIES, codec_label
 from .predict import predict

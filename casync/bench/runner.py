@@ -15,7 +15,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from ..costmodel import Profile
+from ..sim.costmodel import Profile
 from .baselines import BASELINES, REFERENCE, run_baselines
 from .grid import Grid, codec_label
 from .measure import EngineRun, GradientStore, measure_plan
@@ -257,7 +257,7 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
 
 
 def _sim_cluster(workers: int, bandwidth_gbps: float):
-    from ..costmodel import ClusterModel
+    from ..sim.costmodel import ClusterModel
 
     return ClusterModel.for_workers(workers, workers_per_node=1, bandwidth_gbps=bandwidth_gbps)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..costmodel import ClusterModel
+from ..sim.costmodel import ClusterModel
 from .baselines import RankLauncher
 
 NETEM_HEAD_IP = "10.77.0.1"

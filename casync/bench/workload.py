@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..models import model_tensors
-from ..plan import SyncPlan
+from ..plan.models import model_tensors
+from ..plan.syncplan import SyncPlan
 
 
 def model_shapes(model: str) -> list[tuple[str, tuple[int, ...]]]:

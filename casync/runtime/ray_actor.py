@@ -7,9 +7,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from ..kernels import run_node
-from ..nonfinite import BucketLayout, NonFiniteReport, scan_worker
-from .program import FusedTask
+from primitives.ops import run_node
+
+from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
+from ..schedule import FusedTask
 
 
 def _keep_freed_memory() -> None:

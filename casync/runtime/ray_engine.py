@@ -20,12 +20,12 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..engines.inputs import check_flats, flatten_worker_grads, unflatten_results
+from ..engines.nonfinite import SyncOutput, layouts, scan_worker
+from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, SyncError, SyncTimeoutError, WorkerLostError
-from ..inputs import check_flats, flatten_worker_grads, unflatten_results
-from ..nonfinite import SyncOutput, layouts, scan_worker
-from ..plan import SyncPlan
-from ..state import EngineState
-from .program import Program, compile_program
+from ..plan.syncplan import SyncPlan
+from ..schedule import Program, compile_program
 from .ray_actor import RemoteSyncActor
 
 DEFAULT_CPUS_PER_ACTOR = 0.1

@@ -18,12 +18,19 @@ from ray.exceptions import GetTimeoutError, RayTaskError
 from ray.util.placement_group import placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..engines.nonfinite import layouts
 from ..errors import SyncError, SyncTimeoutError
-from ..nonfinite import layouts
-from ..plan import SyncPlan
-from ..runtime.program import Program, compile_program
-from ..runtime.ray_engine import (DEFAULT_CPUS_PER_ACTOR, TIMELINE_STEPS_KEPT, connect_ray, get_or_fail, release,
-                                  submit_iteration, timeline_rows)
+from ..plan.syncplan import SyncPlan
+from ..runtime.ray_engine import (
+    DEFAULT_CPUS_PER_ACTOR,
+    TIMELINE_STEPS_KEPT,
+    connect_ray,
+    get_or_fail,
+    release,
+    submit_iteration,
+    timeline_rows,
+)
+from ..schedule import Program, compile_program
 from .options import TrainOptions
 from .worker import SYNC_GROUP, StepSyncActor, TrainWorker
 

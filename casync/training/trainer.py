@@ -16,10 +16,10 @@ import torch
 
 from primitives.codecs import Codec, get_codec
 
-from ..build import BucketChoice, assemble_plan, build_plan
+from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, ReplicaMismatchError
-from ..plan import SyncPlan
-from ..state import EngineState
+from ..plan.build import BucketChoice, assemble_plan, build_plan
+from ..plan.syncplan import SyncPlan
 from .checkpoint import read_checkpoint, write_checkpoint
 from .engine import StepRefs, TrainEngine
 from .options import TRAIN_BUCKET_BYTES, TrainOptions

@@ -25,10 +25,10 @@ import torch
 
 from primitives.codecs import Codec, payload_nbytes
 
+from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..errors import SyncError, SyncTimeoutError
-from ..nonfinite import BucketLayout, NonFiniteReport, scan_worker
-from ..runtime.program import FusedTask
 from ..runtime.ray_actor import SyncActor
+from ..schedule import FusedTask
 from .dgc import MomentumCorrection, warmup_ratio
 from .options import TrainOptions
 

@@ -23,9 +23,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from primitives.finite import all_finite, nonfinite_positions
+
 MODES = ("raise", "skip", "propagate")
-NF_INDEX = "nonfinite.index"  # payload side channel: positions (int64) of non-finite inputs of an encode
-NF_VALUE = "nonfinite.value"  # ... and their float32 values
 
 
 def check_mode(mode: Any) -> str:
@@ -35,27 +35,6 @@ def check_mode(mode: Any) -> str:
     if mode not in MODES:
         raise ValueError(f"nonfinite must be one of {list(MODES)}, got {mode!r}")
     return mode
-
-
-def all_finite(x: np.ndarray) -> bool:
-    """True when ``x`` holds no NaN or Inf.
-
-    One summing pass: 64 rows added element-wise (vectorised, no temporary the size of ``x``), where a NaN or
-    Inf makes its lane non-finite; then a look at the n/64 lane sums.  Only when a lane is not finite (a
-    NaN/Inf, or finite values whose sum overflows) an exact second pass decides.  Measured at about 0.4x a
-    onebit encode of the same array (benchmarks/nonfinite_overhead.py).
-    """
-    m = x.size & ~63
-    with np.errstate(over="ignore", invalid="ignore"):
-        lanes = np.add.reduce(x[:m].reshape(64, -1), axis=0) if m else x[:0]
-        if np.isfinite(lanes).all() and np.isfinite(x[m:]).all():
-            return True
-    return bool(np.isfinite(x).all())
-
-
-def nonfinite_positions(x: np.ndarray) -> np.ndarray:
-    """Indices (ascending int64) of the NaN/Inf elements of a 1-D array."""
-    return np.flatnonzero(~np.isfinite(x)).astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True)
@@ -121,32 +100,3 @@ class SyncOutput(list):
         self.nonfinite = list(nonfinite or [])
 
 
-# -- the kernels' side channel ----------------------------------------------------------------------------
-def split_nonfinite(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """None when ``x`` is finite; else (a copy of ``x`` with NaN/Inf zeroed, their positions, their values)."""
-    if all_finite(x):
-        return None
-    index = nonfinite_positions(x)
-    values = x[index]
-    clean = x.copy()
-    clean[index] = 0
-    return clean, index, values
-
-
-def attach(payload: dict[str, np.ndarray], index: np.ndarray, values: np.ndarray) -> dict[str, np.ndarray]:
-    """The payload with the non-finite entries riding along (a new dict; the codec's arrays are shared)."""
-    return {**payload, NF_INDEX: index, NF_VALUE: values}
-
-
-def carries_nonfinite(payload: Any) -> bool:
-    return isinstance(payload, dict) and NF_INDEX in payload
-
-
-def restore(dense: np.ndarray, payload: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Write the side channel's NaN/Inf back into a decoded (fresh, writable) array."""
-    index, values = payload[NF_INDEX], payload[NF_VALUE]
-    if index.ndim != 1 or index.shape != values.shape or (index.size and not 0 <= index[0] <= index[-1] < dense.size):
-        raise ValueError(f"malformed non-finite side channel: {index.shape} positions, {values.shape} values "
-                         f"for {dense.size} elements")
-    dense[index] = values
-    return dense

@@ -10,8 +10,8 @@ import networkx as nx
 from primitives.codecs import Codec, get_codec
 from strategies import GraphBuilder, Unit, get_strategy
 
-from .plan import SyncPlan
 from .specs import Bucket, Member, TensorSpec, split_even
+from .syncplan import SyncPlan
 from .tensors import tensor_specs
 
 DEFAULT_BUCKET_BYTES = 25 << 20  # 25 MiB, DDP's bucket_cap_mb: a Ray actor task costs ~1-2 ms end to end, so fewer,
@@ -96,7 +96,7 @@ def build_plan(
     :class:`~casync.errors.NonFiniteGradientError`, ``"skip"`` the step on every worker, or ``"propagate"``
     the values to every worker's result (see :mod:`casync.nonfinite`).
     """
-    from .nonfinite import check_mode
+    from ..engines.nonfinite import check_mode
 
     check_mode(nonfinite)
     if strategy == "auto" or isinstance(strategy, (list, tuple)) or (isinstance(codec, str) and codec == "auto") \
@@ -104,7 +104,7 @@ def build_plan(
         if servers is not None:
             raise ValueError(f"servers={servers} cannot be combined with automatic planning (the planner uses "
                              "co-located PS); choose the strategy yourself to use dedicated servers")
-        from .planner import choose_plan  # lazily: the planner imports this module
+        from ..planner import choose_plan  # lazily: the planner imports this module
 
         options = dict(workers=workers, strategy=strategy if isinstance(strategy, str) else list(strategy),
                        codec=codec if isinstance(codec, str) and codec == "auto" else

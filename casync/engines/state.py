@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan import SyncPlan
+from ..plan.syncplan import SyncPlan
 
 STATE_VERSION = 1
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from primitives.codecs import Codec, Payload
 
-from .nonfinite import attach, carries_nonfinite, restore, split_nonfinite
+from .finite import attach, carries_nonfinite, restore, split_nonfinite
 
 
 def encode_seed(plan_seed: int, step: int, seed_key: int) -> int:

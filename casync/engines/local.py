@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NonFiniteGradientError
+from primitives.ops import run_node
+
+from ..errors import NonFiniteGradientError
+from ..plan.syncplan import SyncPlan
 from .inputs import check_flats, flatten_worker_grads, unflatten_results
-from .kernels import run_node
 from .nonfinite import SyncOutput, layouts, scan_worker
-from .plan import SyncPlan
 from .state import EngineState
 
 

@@ -28,9 +28,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
-from .plan import SyncPlan
-from .runtime.program import Program, compile_program
+from ..plan.syncplan import SyncPlan
+from ..schedule import Program, compile_program
+from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
 
 COMPUTE_OPS = ("encode", "decode", "merge")
 
@@ -202,7 +202,7 @@ def calibration_tensors(count: int = 40, smallest: int = 20_000, largest: int = 
 def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CALIBRATION_CONFIGS) -> list[SyncPlan]:
     """The default calibration plans: ``configs`` over :func:`calibration_tensors` at ``workers`` workers
     (at most the machine's cores, so op times are not time-sliced between actors)."""
-    from .build import build_plan
+    from ..plan.build import build_plan
 
     tensors = calibration_tensors()
     return [build_plan(tensors, workers=workers, strategy=s, codec=c) for s, c in configs]
@@ -211,9 +211,8 @@ def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CAL
 def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0) -> list[list[dict[str, Any]]]:
     """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: one warm-up, then ``iters``
     steps; returns each step's timeline."""
-    from .compare import random_grads
-    from .inputs import flatten_worker_grads
-    from .runtime.ray_engine import RayEngine
+    from ..engines.inputs import flatten_worker_grads, random_grads
+    from .ray_engine import RayEngine
 
     flats, _ = flatten_worker_grads(plan, random_grads(plan))
     with RayEngine(plan, timeout_s=timeout_s) as engine:
@@ -264,10 +263,9 @@ def measure_dispatch(iters: int = 20, tensors: int = 48, workers: int = 2) -> fl
     """
     import ray
 
-    from .build import build_plan
-    from .compare import random_grads
-    from .inputs import flatten_worker_grads
-    from .runtime.ray_engine import RayEngine
+    from ..engines.inputs import flatten_worker_grads, random_grads
+    from ..plan.build import build_plan
+    from .ray_engine import RayEngine
 
     plan = build_plan([(f"tiny{i}", (256,)) for i in range(tensors)], workers=workers, strategy="ring",
                       codec="onebit", bucket_bytes=1)
@@ -296,11 +294,10 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     unless one is up, or the cluster at ``address``), fit the runtime costs and return ``profile`` (default:
     packaged) with them attached.  ``cluster``: where RayEngine's spread placement puts the workers, e.g.
     one per node (then the hops between nodes are fitted as ``remote_hop``)."""
+    import ray
     from tqdm.auto import tqdm
 
-    import ray
-
-    from .runtime.ray_engine import connect_ray
+    from .ray_engine import connect_ray
 
     profile = profile or Profile.default()
     plans = calibration_plans() if plans is None else list(plans)

@@ -56,12 +56,12 @@ import numpy as np
 from primitives.codecs import Codec, get_codec
 from strategies import get_strategy
 
-from . import build as _build
-from .costmodel import ClusterModel, Profile
-from .optable import OpTable
-from .plan import SyncPlan
-from .specs import TensorSpec
-from .tensors import tensor_specs
+from ..plan import build as _build
+from ..plan.specs import TensorSpec
+from ..plan.syncplan import SyncPlan
+from ..plan.tensors import tensor_specs
+from ..sim.costmodel import ClusterModel, Profile
+from ..sim.optable import OpTable
 
 DEFAULT_STRATEGIES: tuple[str, ...] = ("ring", "ps", "allgather")
 DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "topk:ratio=0.01")
@@ -403,9 +403,8 @@ def _probe(what: str) -> bool:
     ``"shifted"``: all-to-all sends carry a ``round`` (a shifted exchange); ``"ps_encode_rounds"``: PS push
     encodes carry their push's round too (a worker encodes its pushes in round order)."""
     if not _PROBE:
-        from strategies import GraphBuilder, Unit
+        from strategies import GraphBuilder, Unit, ps
         from strategies import allgather as ag
-        from strategies import ps
 
         unit = Unit(tensor="t", partitions=((0, 4), (4, 8), (8, 12)), workers=3, codec=get_codec("none"),
                     error_feedback=False, divisor=3, priority=0)
@@ -925,7 +924,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
                  codecs: Any, partitions: Any, ready_times: Mapping[str, float] | None, *, two_way: bool,
                  error_feedback: bool, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
                  options: Mapping[str, Any] | None) -> SyncPlan:
-    from .simulator import run_table
+    from ..sim.simulator import run_table
 
     started = time.perf_counter()
     _build._check_int("workers", workers, 1)

@@ -19,9 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..plan.syncplan import SyncPlan
 from .costmodel import ClusterModel, Profile
 from .optable import KINDS, RECV, SEND, OpTable
-from .plan import SyncPlan
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Timeline:
 
     def draw(self, path: str, title: str = "") -> str:
         """Gantt chart PNG, one lane per actor (the same drawing as the Ray engine's measured timeline)."""
-        from .drawing import draw_gantt
+        from ..drawing import draw_gantt
 
         return draw_gantt(self.records, path, title=title or f"simulated: {self.iteration_time * 1e3:.1f} ms")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import networkx as nx
 
-from ..plan import SyncPlan
+from .plan.syncplan import SyncPlan
 
 # rough per-op costs for ordering submissions only (seconds): a call's overhead plus bytes at memory speed
 _CALL_S = 2e-4

@@ -20,10 +20,10 @@ import networkx as nx
 from primitives.codecs import Codec, get_codec
 from strategies import OPS, STRATEGIES
 
-from .errors import PlanFormatError
-from .nonfinite import MODES as NONFINITE_MODES
-from .plan import SyncPlan
+from ..engines.nonfinite import MODES as NONFINITE_MODES
+from ..errors import PlanFormatError
 from .specs import Bucket, Member, TensorSpec
+from .syncplan import SyncPlan
 
 PLAN_FORMAT = "casync.plan"
 PLAN_VERSION = 1

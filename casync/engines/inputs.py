@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .plan import SyncPlan
+from ..plan.syncplan import SyncPlan
 
 
 def _is_torch(value: Any) -> bool:
@@ -119,3 +119,9 @@ def check_flats(plan: SyncPlan, flats: Any) -> None:
                 raise ValueError(f"worker {w}, bucket {bucket.name!r}: expected a flat float32 array of shape "
                                  f"({bucket.numel},), got {got}")
 
+
+def random_grads(plan: SyncPlan, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Gaussian gradients per worker, shaped like the plan's tensors (a stand-in for a backward pass)."""
+    rng = np.random.default_rng(seed)
+    return [{t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in plan.tensors}
+            for _ in range(plan.workers)]

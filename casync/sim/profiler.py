@@ -9,9 +9,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from primitives.codecs import available_codecs, get_codec
+from primitives.ops import run_encode
 
 from .costmodel import LinearCost, Profile
-from .kernels import run_encode
 
 DEFAULT_SIZES = tuple(2**k for k in range(10, 25, 2))  # 2^10 ... 2^24 elements
 DEFAULT_CODECS = ("none", "fp16", "onebit", "terngrad", "tbq", "qsgd", "topk:ratio=0.01", "randomk:ratio=0.01")
@@ -67,7 +67,7 @@ def profile_codecs(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] 
 
 def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> LinearCost:
     """Cost per input element of summing float32 arrays (one ``np.add`` pass per input)."""
-    from .kernels import run_merge
+    from primitives.ops import run_merge
 
     sizes = list(sizes)
     rng = np.random.default_rng(1)
@@ -78,53 +78,14 @@ def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> Line
     return fit_linear(sizes, secs)
 
 
-def profile_transfer(sizes: Iterable[int] = (2**10, 2**16, 2**20, 2**23, 2**25), repeat: int = 3) -> tuple[float, float, float]:
-    """``(alpha_s, beta_bytes_per_s, task_overhead_s)`` between two Ray actors on this node."""
-    import ray
-
-    from .runtime.ray_engine import connect_ray
-
-    started = connect_ray(None)
-    try:
-        @ray.remote(num_cpus=0)
-        class Box:
-            def hold(self, nbytes: int) -> None:
-                self.buf = np.ones(nbytes, np.uint8)
-
-            def give(self) -> np.ndarray:  # returning it copies it into the object store, as a send does
-                return self.buf
-
-            def take(self, payload: np.ndarray) -> int:
-                return int(payload[-1]) if payload.size else 0
-
-            def nop(self) -> None:
-                return None
-
-        a, b = Box.remote(), Box.remote()
-        ray.get([a.nop.remote(), b.nop.remote()])
-        calls = 200
-        t0 = time.perf_counter()
-        ray.get([a.nop.remote() for _ in range(calls)])
-        overhead = (time.perf_counter() - t0) / calls
-        secs = []
-        for nbytes in sizes:
-            ray.get(a.hold.remote(nbytes))
-            secs.append(best_time(lambda: ray.get(b.take.remote(a.give.remote())), repeat))
-        fit = fit_linear(sizes, secs)
-        for h in (a, b):
-            ray.kill(h)
-        return fit.a, (1.0 / fit.b if fit.b > 0 else 1e12), overhead
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def profile(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3,
             transfer: bool = True, progress: bool = True) -> Profile:
     """Measure every cost the simulator needs on this machine; ``transfer=False`` skips Ray (keeps defaults)."""
     codec_costs = profile_codecs(codecs, sizes, repeat, progress)
     merge = profile_merge(sizes, repeat)
     if transfer:
+        from runtime.transfer import profile_transfer  # Ray: only when asked for
+
         alpha, beta, overhead = profile_transfer()
     else:
         base = Profile.default()

@@ -13,7 +13,7 @@ import networkx as nx
 from primitives.codecs import Codec
 from strategies import OPS
 
-from ._table import format_table
+from ..table import format_table
 from .specs import Bucket, Member, TensorSpec
 
 
@@ -101,27 +101,27 @@ class SyncPlan:
     # -- files -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data: format name and version, options, codec specs, tensors, buckets, graph."""
-        from .plan_io import plan_to_dict
+        from .io import plan_to_dict
 
         return plan_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "plan") -> "SyncPlan":
         """Rebuild (and validate) a plan from :meth:`to_dict` output; ``PlanFormatError`` names a bad field."""
-        from .plan_io import plan_from_dict
+        from .io import plan_from_dict
 
         return plan_from_dict(data, source)
 
     def save(self, path: str) -> str:
         """Write the plan as versioned JSON (never pickle); ``SyncPlan.load(path)`` reads it back."""
-        from .plan_io import save_plan
+        from .io import save_plan
 
         return str(save_plan(self, path))
 
     @classmethod
     def load(cls, path: str) -> "SyncPlan":
         """Read a plan written by :meth:`save`, validating every field against the format."""
-        from .plan_io import load_plan
+        from .io import load_plan
 
         return load_plan(path)
 
@@ -172,13 +172,13 @@ class SyncPlan:
 
     def to_dot(self, tensor: str | None = None) -> str:
         """Graphviz DOT text: one cluster per actor, send->recv edges dashed."""
-        from .drawing import plan_to_dot
+        from ..drawing import plan_to_dot
 
         return plan_to_dot(self, tensor)
 
     def draw(self, path: str, tensor: str | None = None, max_nodes: int = 400) -> str:
         """Write a PNG (matplotlib): actors as lanes, ops left to right by dependency depth."""
-        from .drawing import draw_plan
+        from ..drawing import draw_plan
 
         return draw_plan(self, path, tensor=tensor, max_nodes=max_nodes)
 

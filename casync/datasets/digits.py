@@ -87,7 +87,7 @@ class DigitsMLP:
         from torch import nn
 
         if self.dims == MODEL_DIMS["mlp"]:
-            from ..models import build_torch_model
+            from ..plan.models import build_torch_model
 
             return build_torch_model("mlp")
         layers: list[nn.Module] = [nn.Flatten()]
