@@ -512,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     local_res = gloo_res = overhead = None
     import ray
 
-    from casync.runtime.ray_engine import connect_ray
+    from casync.runtime.ray_layer import connect_ray
 
     try:
         # gloo first, on a machine without Ray's daemons running

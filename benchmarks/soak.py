@@ -24,7 +24,8 @@ import numpy as np
 import ray
 
 import casync
-from casync.runtime.ray_engine import RayEngine, connect_ray
+from casync.runtime.ray_engine import RayEngine
+from casync.runtime.ray_layer import connect_ray
 
 SHAPES = {"layer1.weight": (256, 128), "layer1.bias": (128,), "layer2.weight": (128, 10), "layer2.bias": (10,)}
 POOL = 8  # distinct gradient sets, used in rotation (the replay knows which step used which)

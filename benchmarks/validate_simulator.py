@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 import casync
 from casync.runtime.calibrate import calibration_plans, fit_runtime, measure_dispatch, measure_timelines, sync_span
-from casync.runtime.ray_engine import connect_ray
+from casync.runtime.ray_layer import connect_ray
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
 from casync.table import format_table, markdown_table

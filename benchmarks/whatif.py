@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import casync
-from casync.plan.build import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, make_buckets, name_buckets
+from casync.plan.assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, make_buckets, name_buckets
 from casync.plan.tensors import tensor_specs
 from casync.planner import Estimator, Option, backward_ready_times, timeline_estimate
 from casync.sim.costmodel import ClusterModel, Profile
@@ -48,7 +48,7 @@ def fixed_times(model, workers, clusters, profile, ready, compact_ok):
     for s in STRATEGIES:
         for c in CODECS:
             choices = [BucketChoice(strategy=s, codec=get_codec(c))] * len(groups)
-            from casync.plan.build import effective_partitions
+            from casync.plan.assemble import effective_partitions
             parts = [effective_partitions(ch, workers, n) for ch, n in zip(choices, numels)]
             ops = sum(Estimator(workers, clusters[0][1], profile).cost(n, Option(s, get_codec(c), k)).ops
                       for n, k in zip(numels, parts))

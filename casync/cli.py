@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from strategies import available_strategies
+
 from .table import format_table
 
 
@@ -16,7 +18,7 @@ def _codec_arg(text: str) -> str | None:
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="resnet50", help="built-in model name (see `casync models`)")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--strategy", default="ring", help="ps | ring | allgather")
+    p.add_argument("--strategy", default="ring", help=" | ".join(available_strategies()))
     p.add_argument("--codec", default="onebit", help="codec name, optionally with params: topk:ratio=0.01")
     p.add_argument("--servers", type=int, default=None, help="PS only: dedicated server actors")
     p.add_argument("--partitions", type=int, default=None)
@@ -47,7 +49,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         Path(args.dot).write_text(plan.to_dot(args.tensor))
         print(f"wrote {args.dot}")
     if args.png:
-        plan.draw(args.png, tensor=args.tensor)
+        plan.draw(args.png, bucket=args.tensor)
         print(f"wrote {args.png}")
     return 0
 
@@ -220,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--bandwidth", type=float, default=25.0, help="NIC bandwidth in Gbps")
     m.add_argument("--latency-us", type=float, default=50.0, help="one-way link latency in microseconds")
     m.add_argument("--workers-per-node", type=int, default=1)
-    m.add_argument("--strategy", default="auto", help="auto | ps | ring | allgather | comma-list of candidates")
+    m.add_argument("--strategy", default="auto", help=" | ".join(["auto", *available_strategies()]) + " | comma-list of candidates")
     m.add_argument("--codec", default="auto", help="auto | a codec name | comma-list of candidate codecs")
     m.add_argument("--partitions", default="auto", help="auto | an int (default: auto)")
     m.add_argument("--bucket-bytes", type=int, default=None)
@@ -246,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="data-parallel training of an MLP on scikit-learn's digits through casync")
     t.add_argument("--model", default="mlp", help="mlp (64-2048-2048-10) | mlp-deep (64-1024x4-10)")
     t.add_argument("--workers", type=int, default=4)
-    t.add_argument("--strategy", default="ring", help="ps | ring | allgather")
+    t.add_argument("--strategy", default="ring", help=" | ".join(available_strategies()))
     t.add_argument("--codec", default="onebit", help="codec name, optionally with params: topk:ratio=0.01")
     length = t.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=None, help="default: 100")

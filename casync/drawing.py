@@ -11,21 +11,21 @@ if TYPE_CHECKING:
 OP_COLORS = {"encode": "#4C72B0", "decode": "#55A868", "merge": "#C44E52", "send": "#8172B2", "recv": "#CCB974"}
 
 
-def _subgraph(plan: "SyncPlan", tensor: str | None) -> nx.DiGraph:
-    if tensor is None:
+def _subgraph(plan: "SyncPlan", bucket: str | None) -> nx.DiGraph:
+    if bucket is None:
         return plan.graph
-    if not any(b.name == tensor for b in plan.buckets):
-        raise ValueError(f"no bucket named {tensor!r}; buckets: {[b.name for b in plan.buckets][:10]}")
-    return plan.graph.subgraph(list(plan.nodes(tensor=tensor)))
+    if not any(b.name == bucket for b in plan.buckets):
+        raise ValueError(f"no bucket named {bucket!r}; buckets: {[b.name for b in plan.buckets][:10]}")
+    return plan.graph.subgraph(list(plan.nodes(bucket=bucket)))
 
 
 def _quote(text: str) -> str:
     return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def plan_to_dot(plan: "SyncPlan", tensor: str | None = None) -> str:
+def plan_to_dot(plan: "SyncPlan", bucket: str | None = None) -> str:
     """DOT text: a cluster per actor, nodes coloured by primitive, send->recv edges dashed."""
-    graph = _subgraph(plan, tensor)
+    graph = _subgraph(plan, bucket)
     lines = ["digraph syncplan {", "  rankdir=LR;", '  node [shape=box, style="rounded,filled", fontsize=9];']
     by_actor: dict[str, list[str]] = {}
     for node, actor in graph.nodes(data="actor"):
@@ -35,7 +35,7 @@ def plan_to_dot(plan: "SyncPlan", tensor: str | None = None) -> str:
         lines.append(f"    label={_quote(actor)};")
         for node in by_actor[actor]:
             a = graph.nodes[node]
-            label = f"{a['op']}\\n{a['tensor']} p{a['part']}"
+            label = f"{a['op']}\\n{a['bucket']} p{a['part']}"
             lines.append(f"    {_quote(node)} [label={_quote(label)}, fillcolor={_quote(OP_COLORS[a['op']])}];")
         lines.append("  }")
     for u, v in graph.edges:
@@ -45,19 +45,19 @@ def plan_to_dot(plan: "SyncPlan", tensor: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_plan(plan: "SyncPlan", path: str, tensor: str | None = None, max_nodes: int = 400) -> str:
+def draw_plan(plan: "SyncPlan", path: str, bucket: str | None = None, max_nodes: int = 400) -> str:
     """Write a PNG: x = dependency depth, y = actor lane; large plans are cut to the first buckets."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    graph = _subgraph(plan, tensor)
+    graph = _subgraph(plan, bucket)
     shown = graph
     if graph.number_of_nodes() > max_nodes:
         keep: list[str] = []
         for b in plan.buckets:
-            nodes = [n for n in graph.nodes if graph.nodes[n]["tensor"] == b.name]
+            nodes = [n for n in graph.nodes if graph.nodes[n]["bucket"] == b.name]
             if keep and len(keep) + len(nodes) > max_nodes:
                 break
             keep += nodes

@@ -41,5 +41,9 @@ class NonFiniteGradientError(SyncError, ValueError):
         return (type(self), (self.reports, self.step))
 
 
-class PlanFormatError(ValueError):
-    """A plan file (or dict) is not a valid casync plan; the message names the field."""
+class PlanError(ValueError):
+    """A plan breaks the rules of the plan IR (``casync.plan.lint``); the message names the node or field."""
+
+
+class PlanFormatError(PlanError):
+    """A plan file (or dict) is not a valid casync plan; the message names the file and the field."""

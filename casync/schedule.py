@@ -1,28 +1,51 @@
-"""Compile a plan into fused per-actor tasks: the unit the Ray engine submits.
+"""The one schedule of a plan: which ops run together as a task, and in which order ready work is taken.
 
-Consecutive primitives of one actor become one task, so an iteration costs a few hundred actor calls
-rather than thousands.  A task is keyed by (actor, bucket, round), where a node's *round* counts the
-cross-actor hops on the longest path that reaches it.  Every cross edge goes from round r to round r+1,
-and same-actor edges never go back, so the fused task graph stays acyclic.  Ray-free, so it is tested
-(and reused by the simulator) without starting Ray.
+Every interpreter of a plan follows it, so the engines and their model cannot drift:
+
+* **hops** (:func:`hop_rounds`): how many send -> recv edges the longest path into an op crosses;
+* **tasks**: the ops of one actor, for one bucket, in one hop, run as one unit of work (one Ray call on
+  the object-store runtime; the simulator charges a per-task cost on a task's first op).  Every cross-actor
+  edge goes from hop r to hop r+1 and same-actor edges never go back, so the task graph is acyclic;
+* **order** (:func:`order_key`): among ready work, earlier-ready first, then the bucket's priority (lower
+  first: the order gradients become ready in backward), then the exchange round a strategy tagged (a
+  shifted exchange), then the node name.  Tasks are submitted in hop order, ties by the same key.
+
+The simulator reads hops from its op table (``casync.sim.optable``, which calls :func:`hop_rounds`) and
+orders its ready ops by :func:`order_key`; :func:`compile_program` gives the Ray runtime its tasks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import networkx as nx
+from typing import Any, Sequence
 
 from .plan.syncplan import SyncPlan
 
-# rough per-op costs for ordering submissions only (seconds): a call's overhead plus bytes at memory speed
-_CALL_S = 2e-4
-_BYTES_PER_S = 2e9
+
+def hop_rounds(succ: Sequence[Sequence[int]], is_send: Sequence[bool], npred: Sequence[int]) -> list[int]:
+    """Per op (integer ids), the send -> recv edges crossed on the longest path into it."""
+    hops = [0] * len(succ)
+    indeg = list(npred)
+    stack = [n for n in range(len(succ)) if indeg[n] == 0]
+    while stack:
+        n = stack.pop()
+        nxt = hops[n] + (1 if is_send[n] else 0)
+        for s in succ[n]:
+            if nxt > hops[s]:
+                hops[s] = nxt
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                stack.append(s)
+    return hops
+
+
+def order_key(ready: float, priority: int, round: int, rank: int) -> tuple[float, int, int, int]:
+    """How ready work is ordered: earlier-ready, then bucket priority, then exchange round, then node name."""
+    return (ready, priority, round, rank)
 
 
 @dataclass
 class NodeStep:
-    """One primitive inside a fused task: its id, attributes and where its inputs come from."""
+    """One primitive inside a task: its id, attributes and where its inputs come from."""
 
     node: str
     attrs: dict[str, Any]
@@ -31,12 +54,12 @@ class NodeStep:
 
 @dataclass
 class FusedTask:
-    """Consecutive ops of one actor executed as a single remote call."""
+    """The ops of one actor for one bucket in one hop, executed as one unit."""
 
     id: int
     actor: str
-    tensor: str
-    round: int
+    bucket: str
+    round: int  # the hop
     priority: int
     steps: list[NodeStep]
     remote_inputs: list[str] = field(default_factory=list)  # send nodes on other actors, in argument order
@@ -44,7 +67,6 @@ class FusedTask:
     after: list[int] = field(default_factory=list)  # same-actor tasks that must finish first (they feed local_inputs)
     outputs: list[str] = field(default_factory=list)  # send nodes whose payload leaves this task, in return order
     keep: dict[str, int] = field(default_factory=dict)  # node -> how many later same-actor tasks read it
-    est_start: float = 0.0
 
     @property
     def nodes(self) -> list[str]:
@@ -53,7 +75,7 @@ class FusedTask:
 
 @dataclass
 class Program:
-    """The fused tasks of a plan in submission order, plus who produces what."""
+    """The tasks of a plan in submission order, plus which task returns each send's payload."""
 
     tasks: list[FusedTask]
     producer: dict[str, tuple[int, int]]  # send node -> (task id, return index)
@@ -62,34 +84,36 @@ class Program:
         return [t for t in self.tasks if t.actor == actor]
 
 
-def node_rounds(graph: nx.DiGraph) -> dict[str, int]:
-    """Cross-actor hops on the longest path into each node."""
-    rounds: dict[str, int] = {}
-    for node in nx.topological_sort(graph):
-        rounds[node] = max((rounds[u] + (graph.nodes[u]["actor"] != graph.nodes[node]["actor"])
-                            for u in graph.predecessors(node)), default=0)
-    return rounds
+def graph_hops(graph: Any) -> dict[str, int]:
+    """:func:`hop_rounds` of a plan graph, by node id."""
+    names = list(graph)
+    index = {n: i for i, n in enumerate(names)}
+    hops = hop_rounds([[index[s] for s in graph._succ[n]] for n in names],
+                      [graph.nodes[n]["op"] == "send" for n in names], [len(graph._pred[n]) for n in names])
+    return dict(zip(names, hops))
 
 
 def compile_program(plan: SyncPlan) -> Program:
-    """Group the plan's nodes into fused tasks and order them for submission."""
+    """Group the plan's ops into tasks; tasks in hop order, ties by :func:`order_key` of their first op."""
     graph = plan.graph
-    rounds = node_rounds(graph)
-    order = plan.topological_order()
+    hops = graph_hops(graph)
+    rank = {n: r for r, n in enumerate(sorted(graph))}
     keyed: dict[tuple[str, str, int], list[str]] = {}
-    for node in order:
+    for node in plan.topological_order():
         a = graph.nodes[node]
-        keyed.setdefault((a["actor"], a["tensor"], rounds[node]), []).append(node)
+        keyed.setdefault((a["actor"], a["bucket"], hops[node]), []).append(node)
     tasks: list[FusedTask] = []
     task_of: dict[str, int] = {}
-    for (actor, tensor, rnd), nodes in keyed.items():
-        task = FusedTask(id=len(tasks), actor=actor, tensor=tensor, round=rnd,
+    first: list[str] = []
+    for (actor, bucket, hop), nodes in keyed.items():
+        task = FusedTask(id=len(tasks), actor=actor, bucket=bucket, round=hop,
                          priority=graph.nodes[nodes[0]]["priority"], steps=[])
         for node in nodes:
             inputs = [u for u, _, _ in sorted(graph.in_edges(node, data="slot"), key=lambda e: e[2])]
             task.steps.append(NodeStep(node, dict(graph.nodes[node]), inputs))
             task_of[node] = task.id
         tasks.append(task)
+        first.append(nodes[0])
     producer: dict[str, tuple[int, int]] = {}
     for task in tasks:
         members = set(task.nodes)
@@ -109,50 +133,12 @@ def compile_program(plan: SyncPlan) -> Program:
             if step.attrs["op"] == "send":
                 task.outputs.append(step.node)
                 producer[step.node] = (task.id, len(task.outputs) - 1)
-    _estimate_starts(tasks, producer)
-    tail = _bottom_levels(tasks, producer)
-    # ready first (estimated start), then earlier-ready buckets, then the longer remaining critical path
-    tasks.sort(key=lambda t: (t.est_start, t.priority, -tail[t.id], t.actor))
-    renumber = {t.id: i for i, t in enumerate(tasks)}
+    order = sorted(range(len(tasks)), key=lambda t: (tasks[t].round, order_key(
+        0.0, tasks[t].priority, graph.nodes[first[t]].get("round", 0), rank[first[t]])))
+    renumber = {old: new for new, old in enumerate(order)}
+    tasks = [tasks[old] for old in order]
     for t in tasks:
         t.id = renumber[t.id]
         t.after = [renumber[i] for i in t.after]
     producer = {n: (renumber[i], k) for n, (i, k) in producer.items()}
     return Program(tasks=tasks, producer=producer)
-
-
-def _bottom_levels(tasks: list[FusedTask], producer: dict[str, tuple[int, int]]) -> dict[int, float]:
-    """Estimated cost of the longest path from each task to the end of the iteration (its critical path)."""
-    children: dict[int, set[int]] = {t.id: set() for t in tasks}
-    for t in tasks:
-        for u in t.remote_inputs:
-            children[producer[u][0]].add(t.id)
-        for i in t.after:
-            children[i].add(t.id)
-    by_id = {t.id: t for t in tasks}
-    level: dict[int, float] = {}
-    for t in sorted(tasks, key=lambda t: -t.est_start):  # est_start is a topological order
-        level[t.id] = _task_cost(t) + max((level[c] for c in children[t.id] if c in level), default=0.0)
-    return {i: level.get(i, _task_cost(by_id[i])) for i in by_id}
-
-
-def _task_cost(task: FusedTask) -> float:
-    return _CALL_S + sum(s.attrs["nbytes"] for s in task.steps if s.attrs["op"] not in ("send", "recv")) / _BYTES_PER_S
-
-
-def _estimate_starts(tasks: list[FusedTask], producer: dict[str, tuple[int, int]]) -> None:
-    """List-schedule the tasks (one lane per actor, earlier-ready buckets first) to get a submission order
-    in which an actor rarely waits on a task submitted before a ready one."""
-    by_id = {t.id: t for t in tasks}
-    deps = {t.id: {producer[u][0] for u in t.remote_inputs} | set(t.after) for t in tasks}
-    finish: dict[int, float] = {}
-    lane_free: dict[str, float] = {}
-    pending = set(by_id)
-    while pending:
-        ready = [by_id[i] for i in pending if deps[i] <= finish.keys()]
-        ready.sort(key=lambda t: (max((finish[d] for d in deps[t.id]), default=0.0), t.priority, t.round, t.actor))
-        for task in ready:
-            start = max([lane_free.get(task.actor, 0.0)] + [finish[d] for d in deps[task.id]])
-            task.est_start = start
-            finish[task.id] = lane_free[task.actor] = start + _task_cost(task)
-            pending.discard(task.id)

@@ -28,7 +28,7 @@ def main() -> None:
     print()
     print(plan.table(plan.buckets[0].name).splitlines()[0], "...")  # one row per op, like torch.fx
     (out / "plan.dot").write_text(plan.to_dot(plan.buckets[0].name))
-    plan.draw(str(out / "plan.png"), tensor=plan.buckets[0].name)
+    plan.draw(str(out / "plan.png"), bucket=plan.buckets[0].name)
     print(f"\nwrote {out / 'plan.dot'} and {out / 'plan.png'}")
 
     # one gradient set per worker: run a real backward pass on different random batches

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import casync
 from casync.datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
-from casync.runtime.ray_engine import connect_ray
+from casync.runtime.ray_layer import connect_ray
 from casync.table import format_table
 
 RUNS = [  # label, codec, error feedback

@@ -75,14 +75,14 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
     if op == "encode":
         x = local if attrs["local_input"] else inputs[0]
         seed = encode_seed(plan_seed, step, attrs["seed_key"])
-        check = flagged is not None and (attrs["tensor"], attrs["part"]) in flagged
+        check = flagged is not None and (attrs["bucket"], attrs["part"]) in flagged
         return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None,
                           check)
     if op == "decode":  # no consumer mutates a decoded value; results are copied into fresh buffers
         payload = inputs[0]
         if carries_nonfinite(payload):
             if flagged is not None:
-                flagged.add((attrs["tensor"], attrs["part"]))
+                flagged.add((attrs["bucket"], attrs["part"]))
             return restore(codecs[attrs["codec"]].decode(payload, attrs["numel"]), payload)
         return codecs[attrs["codec"]].decode_shared(payload, attrs["numel"])
     if op == "merge":

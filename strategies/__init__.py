@@ -1,19 +1,41 @@
-"""How one tensor's sync becomes a sub-graph of primitives: ``ps``, ``ring`` and ``allgather``.
+"""How one bucket's sync becomes a sub-graph of primitives: one file per strategy, one registry.
 
-Each strategy module provides ``expand(builder, unit)`` and ``default_partitions(workers, servers)``.
+    from strategies import Strategy, register_strategy
+    register_strategy(MyStrategy())          # build_plan(..., strategy="mine") from then on
+
+Built in: ``ring`` (CaSync-Ring), ``ps`` (CaSync-PS, co-located or dedicated servers) and ``allgather``.
 """
 from __future__ import annotations
 
-from types import ModuleType
+from .allgather import AllGather
+from .base import Strategy, Unit
+from .builder import IDENTITY, GraphBuilder, stable_hash
+from .ps import ParameterServer
+from .ring import Ring
 
-from . import allgather, ps, ring
-from .base import OPS, GraphBuilder, Unit, actor_rank, server, stable_hash, worker
-
-STRATEGIES: dict[str, ModuleType] = {"ps": ps, "ring": ring, "allgather": allgather}
+STRATEGIES: dict[str, Strategy] = {}
 
 
-def get_strategy(name: str) -> ModuleType:
-    """The strategy module registered as ``name``; ValueError naming the choices otherwise."""
+def register_strategy(strategy: Strategy, *, replace: bool = False) -> Strategy:
+    """Make ``strategy`` available by its ``name`` everywhere (build_plan, planner, bench, CLI); returns it."""
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"register_strategy needs a Strategy instance, got {type(strategy).__name__}")
+    name = strategy.name
+    if not isinstance(name, str) or not name or name == "auto" or not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"a strategy needs a name of letters, digits, '-' or '_' (not 'auto'), got {name!r}")
+    if name in STRATEGIES and not replace:
+        raise ValueError(f"strategy {name!r} is already registered (replace=True to override)")
+    STRATEGIES[name] = strategy
+    return strategy
+
+
+def unregister_strategy(name: str) -> None:
+    """Remove a registered strategy (tests use this to clean up)."""
+    STRATEGIES.pop(name, None)
+
+
+def get_strategy(name: str) -> Strategy:
+    """The strategy registered as ``name``; ValueError naming the choices otherwise (never a fallback)."""
     if not isinstance(name, str):
         raise TypeError(f"strategy must be a string, got {type(name).__name__}")
     try:
@@ -22,5 +44,13 @@ def get_strategy(name: str) -> ModuleType:
         raise ValueError(f"unknown strategy {name!r}; expected one of {sorted(STRATEGIES)}") from None
 
 
-__all__ = ["OPS", "STRATEGIES", "GraphBuilder", "Unit", "actor_rank", "get_strategy", "server", "stable_hash",
-           "worker"]
+def available_strategies() -> list[str]:
+    """Registered strategy names, in registration order."""
+    return list(STRATEGIES)
+
+
+for _builtin in (Ring(), ParameterServer(), AllGather()):
+    register_strategy(_builtin)
+
+__all__ = ["IDENTITY", "STRATEGIES", "AllGather", "GraphBuilder", "ParameterServer", "Ring", "Strategy", "Unit",
+           "available_strategies", "get_strategy", "register_strategy", "stable_hash", "unregister_strategy"]

@@ -1,46 +1,29 @@
-"""Shared vocabulary for strategies: the unit they expand and a builder that adds primitive nodes.
+"""The ``Strategy`` interface: everything casync knows about one way to synchronize a bucket, in one object.
 
-A strategy turns one :class:`Unit` (a tensor or fused bucket, already partitioned)
-into encode / send / recv / merge / decode nodes of a ``networkx.DiGraph``.
-Node attributes are plain data (see DESIGN.md); engines interpret them.
+A strategy turns one :class:`Unit` (a bucket, already partitioned) into encode / send / recv / merge /
+decode nodes (:meth:`Strategy.expand`), and tells the rest of casync what that costs: exact op counts
+(plan-size limits, the planner's simulation budget), its default and candidate partition counts, an
+optional symmetric template for simulating huge clusters, and an optional analytical estimate for the
+planner.  Register a new one with :func:`strategies.register_strategy`; the planner, ``build_plan``, the
+bench grid, the CLI and the docs table read the registry.
 """
 from __future__ import annotations
 
-import hashlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import networkx as nx
+from primitives.codecs import Codec
 
-from primitives.codecs import Codec, get_codec
-
-OPS = ("encode", "send", "recv", "merge", "decode")
-IDENTITY = get_codec("none")
-
-
-def worker(rank: int) -> str:
-    return f"worker:{rank}"
-
-
-def server(index: int) -> str:
-    return f"server:{index}"
-
-
-def actor_rank(actor: str) -> int:
-    """``"worker:3"`` -> 3."""
-    return int(actor.rsplit(":", 1)[1])
-
-
-def stable_hash(text: str) -> int:
-    """A process-independent 63-bit hash (Python's ``hash`` is salted per process)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+if TYPE_CHECKING:
+    from .builder import GraphBuilder
 
 
 @dataclass(frozen=True)
 class Unit:
-    """What a strategy expands: one tensor/bucket with its partitions and sync options."""
+    """What a strategy expands: one bucket with its partitions and sync options."""
 
-    tensor: str
+    bucket: str
     partitions: tuple[tuple[int, int], ...]
     workers: int
     codec: Codec
@@ -55,97 +38,82 @@ class Unit:
         return self.error_feedback and not self.codec.lossless
 
 
-class GraphBuilder:
-    """Adds primitive nodes with consistent ids and attributes to a ``DiGraph``.
+class Strategy(ABC):
+    """One sync strategy.  Subclasses set :attr:`name` and implement :meth:`expand` and :meth:`op_count`.
 
-    Node ids read like paths: ``"<tensor>/p<part>/<actor>/<op>[.<tag>]"``.
-    ``codecs`` maps the string stored in each node's ``codec`` attribute to the codec object.
+    Every worker must end with exactly one ``output`` node per partition, and results must be bit-identical
+    on every worker (decode the same bytes, merge in the same order): the conformance tests check both.
     """
 
-    def __init__(self, graph: nx.DiGraph | None = None):
-        self.graph = graph if graph is not None else nx.DiGraph()
-        self.codecs: dict[str, Codec] = {}
-        self._wire: dict[tuple[str, int], int] = {}
+    #: registry key, the ``strategy=`` value of ``build_plan``
+    name: ClassVar[str] = ""
+    #: one line for docs and ``--help``
+    summary: ClassVar[str] = ""
+    #: ops per partition of a bucket for N workers (the README table): encode, decode, merge, send
+    costs: ClassVar[dict[str, str]] = {}
+    #: whether ``servers=S`` (dedicated server actors) applies
+    takes_servers: ClassVar[bool] = False
+    #: the planner considers it for ``strategy="auto"``
+    in_auto: ClassVar[bool] = True
 
-    def wire_nbytes(self, key: str, n: int) -> int:
-        """``compressed_nbytes`` of codec ``key`` for ``n`` elements (memoized: a plan asks for few sizes)."""
-        size = self._wire.get((key, n))
-        if size is None:
-            size = self._wire[(key, n)] = self.codecs[key].compressed_nbytes(n)
-        return size
+    # -- the graph -----------------------------------------------------------------------------------------
+    @abstractmethod
+    def expand(self, g: GraphBuilder, unit: Unit) -> None:
+        """Add the nodes of ``unit``'s sync to ``g``."""
 
-    def codec_key(self, codec: Codec) -> str:
-        key = str(codec)
-        self.codecs.setdefault(key, codec)
-        return key
+    def expand_compact(self, g: GraphBuilder, unit: Unit) -> None:
+        """A symmetric template: one representative worker's ops (see ``strategies.ring``); simulation only."""
+        raise ValueError(f"strategy {self.name!r} has no compact template; simulate the full plan "
+                         "(assemble_plan(..., compact=False))")
 
-    def add(self, unit: Unit, part: int, actor: str, op: str, tag: str = "", **attrs) -> str:
-        assert op in OPS, op
-        start, stop = unit.partitions[part]
-        node = f"{unit.tensor}/p{part}/{actor}/{op}" + (f".{tag}" if tag else "")
-        if node in self.graph:
-            raise ValueError(f"duplicate plan node {node!r}")
-        self.graph.add_node(
-            node, op=op, actor=actor, tensor=unit.tensor, part=part,
-            numel=stop - start, priority=unit.priority, **attrs,
-        )
-        return node
+    def has_compact(self, unit_servers: int | None = None) -> bool:
+        """Whether :meth:`expand_compact` is exact for this configuration."""
+        return False
 
-    def connect(self, src: str, dst: str, slot: int = 0) -> None:
-        """A data dependency; ``slot`` orders the inputs of a merge."""
-        self.graph.add_edge(src, dst, slot=slot)
+    # -- sizes ---------------------------------------------------------------------------------------------
+    @abstractmethod
+    def op_count(self, workers: int, parts: int, servers: int | None = None) -> int:
+        """Exactly how many ops a bucket of ``parts`` partitions expands to (before building it)."""
 
-    def encode(self, unit: Unit, part: int, actor: str, *, src: str | None, codec: Codec | None = None,
-               ef_role: str | None = None, tag: str = "") -> str:
-        """Encode ``src``'s dense output (or, with ``src=None``, the actor's local gradient part)."""
-        codec = codec or unit.codec
-        n = unit.partitions[part][1] - unit.partitions[part][0]
-        use_ef = ef_role is not None and unit.ef and codec is unit.codec
-        node = self.add(
-            unit, part, actor, "encode", tag,
-            codec=self.codec_key(codec), nbytes=4 * n, local_input=src is None,
-            ef=use_ef, ef_key=f"{ef_role}/{unit.tensor}/{part}" if use_ef else None,
-        )
-        self.graph.nodes[node]["seed_key"] = stable_hash(node)
-        if src is not None:
-            self.connect(src, node)
-        return node
+    def compact_op_count(self, workers: int, parts: int) -> int:
+        """How many ops the compact template of such a bucket has (at most)."""
+        return self.op_count(workers, parts)
 
-    def decode(self, unit: Unit, part: int, actor: str, payload: str, *, codec_of: str, output: bool = False,
-               tag: str = "") -> str:
-        """Decode the payload produced by node ``payload`` (whose encode node is ``codec_of``)."""
-        key = self.graph.nodes[codec_of]["codec"]
-        n = unit.partitions[part][1] - unit.partitions[part][0]
-        node = self.add(unit, part, actor, "decode", tag, codec=key, nbytes=self.wire_nbytes(key, n), output=output)
-        self.connect(payload, node)
-        return node
+    def compact_partitions(self, workers: int, parts: int, requested: int | None) -> int:
+        """The partition count a compact template needs (e.g. whole rotations of the ring)."""
+        return parts
 
-    def merge(self, unit: Unit, part: int, actor: str, inputs: list[str], *, local_slot: int | None,
-              divisor: int = 1, output: bool = False, tag: str = "") -> str:
-        """Sum ``inputs`` (and the local gradient at position ``local_slot``) in that fixed order."""
-        n = unit.partitions[part][1] - unit.partitions[part][0]
-        total = len(inputs) + (local_slot is not None)
-        node = self.add(unit, part, actor, "merge", tag, nbytes=4 * n * total,
-                        local_input=local_slot is not None, local_slot=local_slot,
-                        divisor=divisor, output=output)
-        slots = [i for i in range(total) if i != local_slot]
-        for src, slot in zip(inputs, slots):
-            self.connect(src, node, slot)
-        return node
+    def default_partitions(self, workers: int, servers: int | None = None) -> int:
+        """Partitions when the user gives none (before the 64 KiB-per-part floor)."""
+        return 1
 
-    def transfer(self, unit: Unit, part: int, payload: str, src: str, dst: str, *, codec_of: str,
-                 stage: str) -> str:
-        """Move ``payload`` from actor ``src`` to ``dst`` as a send/recv pair; returns the recv node."""
-        key = self.graph.nodes[codec_of]["codec"]
-        n = unit.partitions[part][1] - unit.partitions[part][0]
-        wire = self.wire_nbytes(key, n)
-        send = self.add(unit, part, src, "send", f"{stage}.to.{dst}", nbytes=wire, peer=dst, codec=key,
-                        stage=stage)
-        recv = self.add(unit, part, dst, "recv", f"{stage}.from.{src}", nbytes=wire, peer=src, codec=key,
-                        stage=stage)
-        self.connect(payload, send)
-        self.connect(send, recv)
-        return recv
+    def partition_candidates(self, workers: int) -> tuple[int, ...]:
+        """What ``partitions="auto"`` tries besides the default (before the 64 KiB-per-part cap)."""
+        return (1, 2, 4)
 
+    # -- the planner's estimate ------------------------------------------------------------------------------
+    def estimate(self, est: Any, acc: Any, n: int, parts: int, codec: Codec) -> tuple[float, int] | None:
+        """Analytical isolated cost of a bucket of ``parts`` partitions of ``n`` elements, for the planner.
 
-Expander = Callable[[GraphBuilder, Unit], None]
+        ``est`` offers the cost model (``N``, ``o`` per-task cost, ``enc``, ``dec``, ``merge``, ``links``,
+        ``slots``, ``two_way``); record each resource's use with ``acc.use(kind, workers, start, end, busy)``
+        (kind 0 compute, 1 egress, 2 ingress).  Returns (makespan, wire bytes), or None to let the planner
+        simulate the bucket alone instead (exact, slower): the default.
+        """
+        return None
+
+    def coupling(self, workers: int, parts: int) -> float:
+        """How much a worker's egress and ingress wait for each other in this exchange (0: not at all)."""
+        return 0.0
+
+    # -- views ---------------------------------------------------------------------------------------------
+    def variants(self) -> dict[str, dict[str, Any]]:
+        """Labelled ``build_plan`` arguments a strategy comparison runs (PS: one-way and two-way)."""
+        return {self.name: {"strategy": self.name}}
+
+    def label(self, bucket: Any) -> str:
+        """How ``plan.summary()`` names this strategy for a bucket."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"<strategy {self.name!r}>"

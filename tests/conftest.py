@@ -1,26 +1,9 @@
-"""Shared fixtures: gradient factories and strategy configurations used across test modules."""
+"""Shared fixtures: one embedded Ray per module, a multi-node Ray cluster, and the markers' rules."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-# (strategy, extra build_plan options) covering PS co-located/dedicated, one/two-way, ring, all-gather
-STRATEGY_CONFIGS = [
-    ("ring", {}),
-    ("allgather", {}),
-    ("ps", {}),
-    ("ps", {"servers": 2}),
-    ("ps", {"two_way": False}),
-]
-STRATEGY_IDS = ["ring", "allgather", "ps-coloc", "ps-2servers", "ps-oneway"]
-
-ODD_SHAPES = {"scalar": (), "one": (1,), "prime": (7919,), "matrix": (13, 17), "cube": (3, 5, 2), "small": (2,)}
-
-
-def make_grads(shapes: dict, workers: int, seed: int = 0, dtype=np.float32) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
-            for _ in range(workers)]
+from tests.helpers import make_grads
 
 
 @pytest.fixture
@@ -32,7 +15,7 @@ def grads_factory():
 def ray_local():
     """One embedded local Ray per test module (starting Ray costs seconds), torn down after the module."""
     ray = pytest.importorskip("ray")
-    from casync.runtime.ray_engine import connect_ray
+    from casync.runtime.ray_layer import connect_ray
 
     if ray.is_initialized():
         ray.shutdown()
@@ -58,3 +41,15 @@ def ray_cluster():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+_FIXTURE_MARKS = {"ray_local": "ray", "ray_cluster": "cluster"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests that use the embedded Ray or the multi-node cluster carry the ``ray`` / ``cluster`` marker, so
+    ``-m "not ray"`` runs the Ray-free suite in seconds."""
+    for item in items:
+        for fixture, mark in _FIXTURE_MARKS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(mark)

@@ -146,7 +146,7 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
 def _tx_bytes() -> int | None:
     """Bytes this rank's namespace has sent on its gloo interface, counted by the interface's shaping qdisc
     like casync's (None on loopback, which other processes of the machine share, or without tc)."""
-    from .setup import qdisc_sent_bytes
+    from .netstat import qdisc_sent_bytes
 
     iface = os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     return None if iface == "lo" else qdisc_sent_bytes(iface)

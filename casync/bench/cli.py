@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .baselines import BASELINES
-from .grid import FULL, QUICK, STRATEGIES, Grid
+from .grid import FULL, QUICK, Grid, strategy_labels
 
 
 def _list(text: str) -> tuple[str, ...]:
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated built-in models (full: {','.join(FULL.models)})")
     p.add_argument("--workers", type=_ints, default=None, help="comma-separated worker counts (full: 2,4)")
     p.add_argument("--strategies", type=_list, default=None,
-                   help=f"comma-separated strategy labels: {','.join(STRATEGIES)}")
+                   help=f"comma-separated strategy labels: {','.join(strategy_labels())}")
     p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")

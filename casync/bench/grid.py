@@ -9,15 +9,20 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from primitives.codecs import get_codec
+from strategies import STRATEGIES as STRATEGY_REGISTRY
 
-#: strategy label -> fixed build_plan arguments (``auto``: the planner)
-STRATEGIES: dict[str, dict[str, Any]] = {
-    "ps-oneway": {"strategy": "ps", "two_way": False},
-    "ps-twoway": {"strategy": "ps", "two_way": True},
-    "ring": {"strategy": "ring"},
-    "allgather": {"strategy": "allgather"},
-    "auto": {"strategy": "auto", "partitions": "auto"},
-}
+
+def strategy_labels() -> dict[str, dict[str, Any]]:
+    """Strategy label -> fixed build_plan arguments, from the strategy registry (``auto``: the planner)."""
+    labels: dict[str, dict[str, Any]] = {}
+    for strategy in STRATEGY_REGISTRY.values():
+        labels.update(strategy.variants())
+    labels["auto"] = {"strategy": "auto", "partitions": "auto"}
+    return labels
+
+
+#: the built-in labels (a strategy registered later joins :func:`strategy_labels`)
+STRATEGIES: dict[str, dict[str, Any]] = strategy_labels()
 CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "terngrad", "topk:ratio=0.01", "randomk:ratio=0.01")
 #: the codec column value of the planner row that may pick any of the grid's codecs per bucket
 AUTO_CODEC = "auto"
@@ -43,9 +48,10 @@ def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...]) -> dict[s
     whether to compress with ``c`` (candidates: none and ``c``); ``auto`` with :data:`AUTO_CODEC` lets it
     choose among all of ``codecs``.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy label {strategy!r}; choose from {sorted(STRATEGIES)}")
-    args = dict(STRATEGIES[strategy])
+    labels = strategy_labels()
+    if strategy not in labels:
+        raise ValueError(f"unknown strategy label {strategy!r}; choose from {sorted(labels)}")
+    args = dict(labels[strategy])
     if strategy == "auto":
         if codec == AUTO_CODEC:
             args["codec"] = list(dict.fromkeys(codecs))
@@ -65,7 +71,7 @@ class Grid:
 
     models: tuple[str, ...] = MODELS
     workers: tuple[int, ...] = WORKERS
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    strategies: tuple[str, ...] = field(default_factory=lambda: tuple(strategy_labels()))
     codecs: tuple[str, ...] = CODECS
     sim_models: tuple[str, ...] | None = None  # None: the measured models
     sim_workers: tuple[int, ...] = SIM_WORKERS
@@ -76,9 +82,10 @@ class Grid:
     sim_auto_per_codec: bool = True
 
     def __post_init__(self) -> None:
+        labels = strategy_labels()
         for s in self.strategies:
-            if s not in STRATEGIES:
-                raise ValueError(f"unknown strategy label {s!r}; choose from {sorted(STRATEGIES)}")
+            if s not in labels:
+                raise ValueError(f"unknown strategy label {s!r}; choose from {sorted(labels)}")
         for c in self.codecs:
             get_codec(None if c == "none" else c)  # validates, naming the registered codecs
         for w in tuple(self.workers) + tuple(self.sim_workers):

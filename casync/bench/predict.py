@@ -10,7 +10,8 @@ from typing import Any
 
 from primitives.codecs import get_codec
 
-from ..plan.build import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, build_plan, make_buckets, name_buckets
+from ..plan.assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, make_buckets, name_buckets
+from ..plan.build import build_plan
 from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
 from ..sim.costmodel import ClusterModel, Profile

@@ -10,7 +10,7 @@ from typing import Any
 from ..drawing import draw_gantt
 from ..table import format_table, markdown_table
 from .baselines import BASELINES, REFERENCE
-from .grid import STRATEGIES, codec_label
+from .grid import codec_label, strategy_labels
 from .predict import predict
 from .runner import BenchResult, Row
 
@@ -49,7 +49,7 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
     show_link = any(r.link_bytes is not None for r in rows)
     if show_link:
         headers.insert(headers.index("wire MB") + 1, "link MB")
-    order = {s: i for i, s in enumerate(STRATEGIES)}
+    order = {s: i for i, s in enumerate(strategy_labels())}
     casync = sorted((r for r in rows if r.system == "casync"),
                     key=lambda r: (order.get(r.strategy, 99), list(result.grid.codecs).index(r.codec)
                                    if r.codec in result.grid.codecs else 99))
@@ -238,7 +238,7 @@ def plot_bars(result: BenchResult, model: str, path: Path) -> str:
     colors = plt.get_cmap("tab10")
     for ax, workers in zip(axes[0], worker_counts):
         rows = [r for r in result.group(model, workers) if r.ok]
-        strategies = [s for s in STRATEGIES if any(r.system == "casync" and r.strategy == s for r in rows)]
+        strategies = [s for s in strategy_labels() if any(r.system == "casync" and r.strategy == s for r in rows)]
         width = 0.8 / max(1, len(codecs))
         for j, codec in enumerate(codecs):
             xs, ys = [], []
@@ -278,7 +278,7 @@ def plot_sim(result: BenchResult, model: str, path: Path) -> str:
     for ax, workers in zip(axes[0], worker_counts):
         rows = [r for r in mine if r.workers == workers]
         bws = sorted({r.bandwidth_gbps for r in rows})
-        for s in STRATEGIES:
+        for s in strategy_labels():
             pts = []
             for bw in bws:
                 cand = [r for r in rows if r.strategy == s and r.bandwidth_gbps == bw]

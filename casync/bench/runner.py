@@ -268,13 +268,9 @@ def _row_key(row: Row) -> dict[str, Any]:
 
 def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: BenchResult, bar, say, *, iters: int,
                    warmup: int, seed: int, profile: Profile | None, head_to_head: int = 0) -> None:
-    import ray
+    from ..runtime.ray_layer import ray_session
 
-    from ..runtime.ray_engine import connect_ray
-
-    started_ray = connect_ray(setup.ray_address, num_cpus=max(4, setup.cores) if setup.ray_address is None else None) \
-        if not ray.is_initialized() else False
-    try:
+    with ray_session(setup.ray_address, num_cpus=max(4, setup.cores) if setup.ray_address is None else None):
         current: tuple[str, int] | None = None
         store = exact = None
         for model, workers, strategy, codec in cells:
@@ -316,9 +312,6 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
         if head_to_head:
             for model, workers in result.groups():
                 _head_to_head(result, setup, model, workers, head_to_head, iters, warmup, seed, bar, say)
-    finally:
-        if started_ray and ray.is_initialized():
-            ray.shutdown()
 
 
 #: the baselines a head-to-head re-measures next to the fastest casync configuration

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..sim.costmodel import ClusterModel
 from .baselines import RankLauncher
+from .netstat import class_bytes, qdisc_sent_bytes
 
 NETEM_HEAD_IP = "10.77.0.1"
 
@@ -79,41 +80,12 @@ class Setup:
         if self.kind != "netem":
             return None
         sent = sum(qdisc_sent_bytes(f"csv{i}", f"csn{i}") or 0 for i in range(1, self.nodes + 1))
-        return sent - _class_bytes("csvhb", "1:20")
+        return sent - class_bytes("csvhb", "1:20")
 
     @property
     def spread_workers(self) -> bool:
         """Whether each worker actor must be on its own node (checked after placement)."""
         return self.kind == "netem"
-
-
-def qdisc_sent_bytes(dev: str, netns: str | None = None) -> int | None:
-    """Bytes the root qdisc of ``dev`` has sent (``tc -s -j qdisc show``; needs root), counted as the wire
-    sees them (a segmentation-offloaded packet counts every segment's headers).  None where unreadable."""
-    import json
-    import subprocess
-
-    try:
-        out = subprocess.run(["tc"] + (["-n", netns] if netns else []) + ["-s", "-j", "qdisc", "show", "dev", dev],
-                             capture_output=True, text=True, check=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    roots = [q for q in json.loads(out or "[]") if q.get("root")]
-    return int(roots[0]["bytes"]) if roots else None
-
-
-def _class_bytes(dev: str, classid: str) -> int:
-    """Bytes an htb class of a device on the bridge has sent (``tc -s class show`` in the machine's own
-    network namespace, named ``cshost`` by links.sh; this iproute2 prints no JSON for classes)."""
-    import re
-    import subprocess
-
-    out = subprocess.run(["tc", "-n", "cshost", "-s", "class", "show", "dev", dev], capture_output=True, text=True,
-                         check=True, timeout=10).stdout
-    match = re.search(rf"class htb {re.escape(classid)} .*?\n\s*Sent (\d+) bytes", out)
-    if not match:
-        raise RuntimeError(f"no htb class {classid} on {dev} (is the emulated network up?):\n{out}")
-    return int(match.group(1))
 
 
 def _free_local_port() -> int:

@@ -5,26 +5,30 @@ inputs and seed.  Slow by design — it is the reference and the debugger.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 
+from primitives.ir import rank_of
 from primitives.ops import run_node
 
-from ..errors import NonFiniteGradientError
 from ..plan.syncplan import SyncPlan
-from .inputs import check_flats, flatten_worker_grads, unflatten_results
-from .nonfinite import SyncOutput, layouts, scan_worker
+from .contract import EngineBase
+from .inputs import check_flats
+from .nonfinite import SyncOutput, layouts, scan_worker, void_step, voids_step
 from .state import EngineState
+from .timeline import op_rows
 
 
-class LocalEngine:
+class LocalEngine(EngineBase):
     """Execute ``plan`` in this process.  ``sync(grads)`` -> per-worker results; state is error feedback."""
 
     def __init__(self, plan: SyncPlan):
         if not isinstance(plan, SyncPlan):
             raise TypeError(f"LocalEngine needs a SyncPlan, got {type(plan).__name__}")
         plan.require_executable("LocalEngine")
+        super().__init__()
         self.plan = plan
         self.state = EngineState.empty(plan)
         self._order = plan.topological_order()
@@ -32,20 +36,7 @@ class LocalEngine:
         self._layouts = layouts(plan)
         self._inputs = {n: [u for u, _, _ in sorted(plan.graph.in_edges(n, data="slot"), key=lambda e: e[2])]
                         for n in self._order}
-
-    @property
-    def step(self) -> int:
-        return self.state.step
-
-    def sync(self, grads: Any) -> SyncOutput:
-        """Synchronize one iteration: ``grads[w][name]`` -> ``out[w][name]`` (mean or sum over workers).
-
-        NaN/Inf in a gradient are handled as the plan's ``nonfinite`` option says (see
-        :mod:`casync.nonfinite`); ``out.skipped`` and ``out.nonfinite`` tell what happened.
-        """
-        flats, torch_flags = flatten_worker_grads(self.plan, grads)
-        results = self.run_flat(flats)
-        return SyncOutput(unflatten_results(self.plan, results, torch_flags), results.skipped, results.nonfinite)
+        self._rank = {n: rank_of(plan.graph.nodes[n]["actor"]) for n in self._order}
 
     def run_flat(self, flats: list[dict[str, np.ndarray]]) -> SyncOutput:
         """The engine proper, on per-worker flat bucket buffers (``flatten_worker_grads`` output)."""
@@ -53,36 +44,40 @@ class LocalEngine:
         check_flats(plan, flats)
         scans = [scan_worker(self._layouts, w, flats[w]) for w in range(plan.workers)]
         reports = [r for found, _ in scans for r in found]
-        if reports and plan.nonfinite == "raise":
-            raise NonFiniteGradientError(reports)
-        if reports and plan.nonfinite == "skip":  # zero update, residuals as they were, the step still counts
+        if voids_step(plan.nonfinite, reports):
+            out = void_step(plan, reports)  # raises under "raise": nothing changed
             self.state = EngineState(step=self.state.step + 1, residuals=self.state.residuals)
-            zeros = [{b.name: np.zeros(b.numel, np.float32) for b in plan.buckets} for _ in range(plan.workers)]
-            return SyncOutput(zeros, skipped=True, nonfinite=reports)
+            return out
+        step = self.state.step
         flagged = {f"worker:{w}": parts for w, (_, parts) in enumerate(scans)}
         residuals = dict(self.state.residuals)  # encode never mutates a residual in place: commit on success
         values: dict[str, Any] = {}
         remaining = {n: graph.out_degree(n) for n in self._order}
         out = [{b.name: np.empty(b.numel, dtype=np.float32) for b in plan.buckets} for _ in range(plan.workers)]
+        records: dict[str, list[tuple]] = {}
         for node in self._order:
             a = graph.nodes[node]
             local = None
             if a.get("local_input"):
-                start, stop = self._bounds[a["tensor"]][a["part"]]
-                local = flats[int(a["actor"].split(":")[1])][a["tensor"]][start:stop]
+                start, stop = self._bounds[a["bucket"]][a["part"]]
+                local = flats[self._rank[node]][a["bucket"]][start:stop]
             inputs = [values[u] for u in self._inputs[node]]
-            result = run_node(a, inputs, local, codecs=plan.codecs, residuals=residuals,
-                              plan_seed=plan.seed, step=self.state.step, flagged=flagged.setdefault(a["actor"], set()))
+            t0, cpu0 = time.perf_counter(), time.thread_time()
+            result = run_node(a, inputs, local, codecs=plan.codecs, residuals=residuals, plan_seed=plan.seed,
+                              step=step, flagged=flagged.setdefault(a["actor"], set()))
+            records.setdefault(a["actor"], []).append((a["op"], a["bucket"], a["part"], t0, time.perf_counter(),
+                                                       a["nbytes"], node, time.thread_time() - cpu0))
             for u in self._inputs[node]:  # free intermediates as soon as their consumers ran
                 remaining[u] -= 1
                 if remaining[u] == 0:
                     del values[u]
             if a.get("output"):
-                start, stop = self._bounds[a["tensor"]][a["part"]]
-                out[int(a["actor"].split(":")[1])][a["tensor"]][start:stop] = result
+                start, stop = self._bounds[a["bucket"]][a["part"]]
+                out[self._rank[node]][a["bucket"]][start:stop] = result
             if remaining[node]:
                 values[node] = result
-        self.state = EngineState(step=self.state.step + 1, residuals=residuals)
+        self.state = EngineState(step=step + 1, residuals=residuals)
+        self._timeline.add(step, op_rows(step, records))
         return SyncOutput(out, nonfinite=reports)
 
     def state_dict(self) -> dict[str, Any]:

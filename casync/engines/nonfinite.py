@@ -1,4 +1,4 @@
-"""NaN and Inf in gradients: detect them cheaply, name them, and carry them through any codec intact.
+"""NaN and Inf in gradients: what engines do about them, decided in one place (:func:`void_step`).
 
 ``build_plan(..., nonfinite=mode)`` chooses what the engines do when a worker's gradient is not finite:
 
@@ -9,12 +9,10 @@
 * ``"propagate"``: the values flow to every worker's result, bit-identical on every worker, at exactly the
   positions where they occurred (as an uncompressed all-reduce would put them).
 
-Detection is one pass per worker gradient (:func:`all_finite`, about half the time of a onebit encode).
-Inside a sync, a payload whose input held NaN/Inf carries those entries on the side (``nonfinite.index`` /
-``nonfinite.value``) and the codec encodes the rest with them zeroed, so a codec's scale (onebit's mean
-|x|, qsgd's norm, terngrad's max) never turns one Inf into garbage everywhere, and a threshold or
-sparsifier never drops one silently.  Decoding puts them back; merges propagate them as float arithmetic
-does; error-feedback residuals stay finite (zero where the value travelled exactly).
+Detection is one pass per worker gradient (:func:`primitives.finite.all_finite`, about half the time of a
+onebit encode); :func:`scan_worker` names what it finds.  Inside a sync, payloads carry NaN/Inf on a side
+channel (``primitives.finite``), so every codec delivers them exactly; merges propagate them as float
+arithmetic does; error-feedback residuals stay finite (zero where the value travelled exactly).
 """
 from __future__ import annotations
 
@@ -25,16 +23,7 @@ import numpy as np
 
 from primitives.finite import all_finite, nonfinite_positions
 
-MODES = ("raise", "skip", "propagate")
-
-
-def check_mode(mode: Any) -> str:
-    """Validate a ``nonfinite`` option."""
-    if not isinstance(mode, str):
-        raise TypeError(f"nonfinite must be one of {list(MODES)}, got {mode!r} ({type(mode).__name__})")
-    if mode not in MODES:
-        raise ValueError(f"nonfinite must be one of {list(MODES)}, got {mode!r}")
-    return mode
+from ..errors import NonFiniteGradientError
 
 
 @dataclass(frozen=True)
@@ -100,3 +89,23 @@ class SyncOutput(list):
         self.nonfinite = list(nonfinite or [])
 
 
+
+
+def voids_step(mode: str, reports: list[NonFiniteReport]) -> bool:
+    """Whether a step with these reports is voided (not applied) under ``mode``: raise and skip void it."""
+    return bool(reports) and mode != "propagate"
+
+
+def raise_if_raising(mode: str, reports: list[Any], step: int | None = None) -> None:
+    """Under ``"raise"``, NaN/Inf reports become a :class:`~casync.errors.NonFiniteGradientError`."""
+    if reports and mode == "raise":
+        raise NonFiniteGradientError(reports, step)
+
+
+def void_step(plan: Any, reports: list[NonFiniteReport], step: int | None = None) -> SyncOutput:
+    """The policy for a step whose gradients held NaN/Inf, the same in every engine: under ``"raise"`` a
+    :class:`~casync.errors.NonFiniteGradientError` (the caller leaves step and state untouched); under
+    ``"skip"`` every worker gets zeros with ``skipped=True`` (the caller counts the step, keeps residuals)."""
+    raise_if_raising(plan.nonfinite, reports, step)
+    zeros = [{b.name: np.zeros(b.numel, np.float32) for b in plan.buckets} for _ in range(plan.workers)]
+    return SyncOutput(zeros, skipped=True, nonfinite=reports)

@@ -3,49 +3,42 @@
 ``plan.save(path)`` / ``SyncPlan.load(path)`` use :func:`plan_to_dict` / :func:`plan_from_dict`.  A file
 names its format and version; codecs are stored by their spec (``get_codec`` rebuilds them, so a custom
 codec must be registered before loading); the graph is stored node by node with its plain-data
-attributes.  Loading checks every field's type and that the graph agrees with the buckets (tensor names,
-partitions, actors, send/recv pairs, one output per worker and partition), and raises
-:class:`casync.errors.PlanFormatError` naming the offending field.
+attributes.  Loading checks every field's type, then runs :func:`casync.plan.lint.lint` (the graph agrees
+with the buckets: partitions, actors, send/recv pairs, codecs, one output per worker and partition), and
+raises :class:`casync.errors.PlanFormatError` naming the file and the offending field.
+
+Version 2 names a node's bucket ``bucket``; version 1 files (which called it ``tensor``) still load.
 """
 from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import networkx as nx
 
 from primitives.codecs import Codec, get_codec
-from strategies import OPS, STRATEGIES
+from primitives.ir import RENAMED_ATTRS
+from strategies import STRATEGIES
 
-from ..engines.nonfinite import MODES as NONFINITE_MODES
-from ..errors import PlanFormatError
+from ..errors import PlanError, PlanFormatError
+from .checks import NONFINITE_MODES
+from .lint import check_node_attrs, lint
+
+if TYPE_CHECKING:
+    from .syncplan import SyncPlan
 from .specs import Bucket, Member, TensorSpec
-from .syncplan import SyncPlan
 
 PLAN_FORMAT = "casync.plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
-# node attribute -> (check, what it must be); per op, the attributes it must carry
-_INT = (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int")
-_NONNEG = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0")
-_STR = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
-_OPT_STR = (lambda v: v is None or (isinstance(v, str) and v != ""), "null or a non-empty string")
-_OPT_NONNEG = (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0), "null or an int >= 0")
-_POS = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an int >= 1")
-_COMMON = {"op": _STR, "actor": _STR, "tensor": _STR, "part": _NONNEG, "numel": _NONNEG, "priority": _INT,
-           "nbytes": _NONNEG}
-_PER_OP = {
-    "encode": {"codec": _STR, "local_input": _BOOL, "ef": _BOOL, "ef_key": _OPT_STR, "seed_key": _NONNEG},
-    "decode": {"codec": _STR, "output": _BOOL},
-    "merge": {"local_input": _BOOL, "local_slot": _OPT_NONNEG, "divisor": _POS, "output": _BOOL},
-    "send": {"peer": _STR, "codec": _STR, "stage": _STR},
-    "recv": {"peer": _STR, "codec": _STR, "stage": _STR},
-}
-_OPTIONAL = {"round": _NONNEG}
+_INT = ("an int", lambda v: isinstance(v, int) and not isinstance(v, bool))
+_NONNEG = ("an int >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+_STR = ("a non-empty string", lambda v: isinstance(v, str) and v != "")
+_BOOL = ("true or false", lambda v: isinstance(v, bool))
+_POS = ("an int >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
 
 
 # -- writing -------------------------------------------------------------------------------------------
@@ -103,8 +96,6 @@ def plan_to_dict(plan: SyncPlan) -> dict[str, Any]:
 
 def save_plan(plan: SyncPlan, path: str | Path) -> Path:
     """Write ``plan`` as JSON to ``path`` (the data is checked first, so a failed save writes nothing)."""
-    if not isinstance(plan, SyncPlan):
-        raise TypeError(f"save_plan needs a SyncPlan, got {type(plan).__name__}")
     text = json.dumps(plan_to_dict(plan), separators=(",", ":"), allow_nan=False)
     path = Path(path)
     path.write_text(text + "\n")
@@ -121,20 +112,20 @@ class _Reader:
     def fail(self, where: str, message: str) -> PlanFormatError:
         return PlanFormatError(f"{self.source}: {where}: {message}")
 
-    def field(self, obj: Mapping[str, Any], key: str, where: str, check: tuple[Callable[[Any], bool], str]) -> Any:
+    def field(self, obj: Mapping[str, Any], key: str, where: str, check: tuple[str, Callable[[Any], bool]]) -> Any:
         path = f"{where}.{key}" if where else key
         if key not in obj:
             raise self.fail(path, "missing")
         value = obj[key]
-        if not check[0](value):
-            raise self.fail(path, f"expected {check[1]}, got {value!r}"[:300])
+        if not check[1](value):
+            raise self.fail(path, f"expected {check[0]}, got {value!r}"[:300])
         return value
 
     def mapping(self, obj: Mapping[str, Any], key: str, where: str) -> dict:
-        return self.field(obj, key, where, (lambda v: isinstance(v, dict), "an object"))
+        return self.field(obj, key, where, ("an object", lambda v: isinstance(v, dict)))
 
     def array(self, obj: Mapping[str, Any], key: str, where: str) -> list:
-        return self.field(obj, key, where, (lambda v: isinstance(v, list), "a list"))
+        return self.field(obj, key, where, ("a list", lambda v: isinstance(v, list)))
 
     def codec(self, value: Any, where: str) -> Codec:
         if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
@@ -153,8 +144,8 @@ def _read_tensors(r: _Reader, data: dict) -> list[TensorSpec]:
         if not isinstance(item, dict):
             raise r.fail(where, f"expected an object, got {item!r}")
         name = r.field(item, "name", where, _STR)
-        shape = r.field(item, "shape", where, (lambda v: isinstance(v, list) and all(_NONNEG[0](d) for d in v),
-                                               "a list of ints >= 0"))
+        shape = r.field(item, "shape", where, ("a list of ints >= 0",
+                                               lambda v: isinstance(v, list) and all(_NONNEG[1](d) for d in v)))
         dtype = item.get("dtype", "float32")
         if dtype != "float32":
             raise r.fail(f"{where}.dtype", f"only 'float32' is supported, got {dtype!r}")
@@ -198,12 +189,13 @@ def _read_buckets(r: _Reader, data: dict, specs: list[TensorSpec]) -> list[Bucke
             raise r.fail(f"{where}.members", "a bucket needs at least one tensor")
         strategy = r.field(item, "strategy", where, _STR)
         if strategy not in STRATEGIES:
-            raise r.fail(f"{where}.strategy", f"unknown strategy {strategy!r}; expected one of {sorted(STRATEGIES)}")
+            raise r.fail(f"{where}.strategy", f"unknown strategy {strategy!r}; expected one of {sorted(STRATEGIES)} "
+                                              "(register a custom strategy before loading)")
         codec = r.codec(item.get("codec"), f"{where}.codec")
         bounds = r.array(item, "partitions", where)
         start = 0
         for j, p in enumerate(bounds):
-            if not (isinstance(p, list) and len(p) == 2 and all(_NONNEG[0](v) for v in p) and p[0] == start
+            if not (isinstance(p, list) and len(p) == 2 and all(_NONNEG[1](v) for v in p) and p[0] == start
                     and p[1] >= p[0]):
                 raise r.fail(f"{where}.partitions[{j}]", f"expected [{start}, stop] with stop >= {start}, got {p!r}")
             start = p[1]
@@ -212,10 +204,10 @@ def _read_buckets(r: _Reader, data: dict, specs: list[TensorSpec]) -> list[Bucke
         buckets.append(Bucket(
             name=name, members=members, strategy=strategy, codec=codec, partitions=[tuple(p) for p in bounds],
             priority=r.field(item, "priority", where, _INT), two_way=r.field(item, "two_way", where, _BOOL),
-            servers=r.field(item, "servers", where, (lambda v: v is None or _POS[0](v), "null or an int >= 1")),
+            servers=r.field(item, "servers", where, ("null or an int >= 1", lambda v: v is None or _POS[1](v))),
             error_feedback=r.field(item, "error_feedback", where, _BOOL),
-            note=r.field(item, "note", where, (lambda v: isinstance(v, str), "a string")),
-            extra=dict(r.field(item, "extra", where, (lambda v: isinstance(v, dict), "an object"))
+            note=r.field(item, "note", where, ("a string", lambda v: isinstance(v, str))),
+            extra=dict(r.field(item, "extra", where, ("an object", lambda v: isinstance(v, dict)))
                        if "extra" in item else {})))
     missing = [s.name for s in specs if s.name not in placed]
     if missing:
@@ -225,151 +217,34 @@ def _read_buckets(r: _Reader, data: dict, specs: list[TensorSpec]) -> list[Bucke
     return buckets
 
 
-def _read_graph(r: _Reader, data: dict, workers: int, buckets: list[Bucket], codecs: dict[str, Codec],
-                compact: bool) -> nx.DiGraph:
+def _read_graph(r: _Reader, data: dict, workers: int, version: int) -> nx.DiGraph:
+    """The node and edge lists as a DiGraph, every node's attributes typed (``primitives.ir``)."""
     graph_data = r.mapping(data, "graph", "")
-    bounds = {b.name: b.partitions for b in buckets}
     graph = nx.DiGraph()
-    actors: set[str] = set()
     for i, item in enumerate(r.array(graph_data, "nodes", "graph")):
         where = f"graph.nodes[{i}]"
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], dict)):
             raise r.fail(where, f"expected [node id, {{attributes}}], got {item!r}"[:300])
         node, attrs = item
-        where = f"graph node {node!r}"
         if node in graph:
-            raise r.fail(where, "appears twice")
-        op = attrs.get("op")
-        if op not in OPS:
-            raise r.fail(f"{where}.op", f"expected one of {list(OPS)}, got {op!r}")
-        for key, check in {**_COMMON, **_PER_OP[op]}.items():
-            r.field(attrs, key, where, check)
-        for key, check in _OPTIONAL.items():
-            if key in attrs:
-                r.field(attrs, key, where, check)
-        for key, value in attrs.items():
-            if not (value is None or isinstance(value, (bool, int, float, str))):
-                raise r.fail(f"{where}.{key}", f"node attributes must be plain scalars, got {value!r}"[:300])
-        actor = attrs["actor"]
-        _check_actor(r, actor, workers, f"{where}.actor")
-        actors.add(actor)
-        if "peer" in attrs:
-            _check_actor(r, attrs["peer"], workers, f"{where}.peer")
-        if attrs["tensor"] not in bounds:
-            raise r.fail(f"{where}.tensor", f"no bucket named {attrs['tensor']!r}")
-        parts = bounds[attrs["tensor"]]
-        if attrs["part"] >= len(parts):
-            raise r.fail(f"{where}.part", f"bucket {attrs['tensor']!r} has {len(parts)} partition(s), got {attrs['part']}")
-        size = parts[attrs["part"]][1] - parts[attrs["part"]][0]
-        if attrs["numel"] != size:
-            raise r.fail(f"{where}.numel", f"partition {attrs['part']} of {attrs['tensor']!r} has {size} elements, "
-                                           f"got {attrs['numel']}")
-        if "codec" in attrs and attrs["codec"] not in codecs:
-            raise r.fail(f"{where}.codec", f"codec {attrs['codec']!r} is not in 'codecs'")
-        if attrs.get("local_input") and not actor.startswith("worker:"):
-            raise r.fail(f"{where}.local_input", f"only workers have local gradients, not {actor!r}")
-        if op == "encode" and attrs["ef"] and attrs["ef_key"] is None:
-            raise r.fail(f"{where}.ef_key", "an encode with error feedback needs an ef_key")
+            raise r.fail(f"graph node {node!r}", "appears twice")
+        if version == 1:
+            attrs = {RENAMED_ATTRS.get(k, k): v for k, v in attrs.items()}
+        try:
+            check_node_attrs(node, attrs, workers)
+        except PlanError as exc:
+            raise PlanFormatError(f"{r.source}: {exc}") from None
         graph.add_node(node, **attrs)
     for i, item in enumerate(r.array(graph_data, "edges", "graph")):
         where = f"graph.edges[{i}]"
         if not (isinstance(item, list) and len(item) == 3 and item[0] in graph and item[1] in graph
-                and _NONNEG[0](item[2])):
+                and _NONNEG[1](item[2])):
             raise r.fail(where, f"expected [source node, target node, slot >= 0] of known nodes, got {item!r}"[:300])
         graph.add_edge(item[0], item[1], slot=item[2])
-    if not nx.is_directed_acyclic_graph(graph):
-        raise r.fail("graph", "has a cycle")
-    _check_structure(r, graph, workers, bounds, compact)
-    _check_codecs(r, graph, {b.name: b for b in buckets})
     return graph
 
 
-def _check_actor(r: _Reader, actor: str, workers: int, where: str) -> None:
-    kind, _, index = actor.partition(":")
-    if kind not in ("worker", "server") or not index.isdigit() or (kind == "worker" and int(index) >= workers):
-        raise r.fail(where, f"expected 'worker:<0..{workers - 1}>' or 'server:<i>', got {actor!r}")
-
-
-def _check_structure(r: _Reader, graph: nx.DiGraph, workers: int, bounds: dict[str, list], compact: bool) -> None:
-    """What an engine relies on: inputs per op, send -> recv pairs, one output per worker and partition."""
-    ef_keys: Counter[str] = Counter()
-    outputs: Counter[tuple[str, str, int]] = Counter()
-    for node, a in graph.nodes(data=True):
-        where = f"graph node {node!r}"
-        preds = list(graph.predecessors(node))
-        slots = sorted(graph.edges[u, node]["slot"] for u in preds)
-        op = a["op"]
-        local = bool(a.get("local_input"))
-        if op == "merge":
-            total = len(preds) + local
-            if local and not (a["local_slot"] is not None and a["local_slot"] < total):
-                raise r.fail(f"{where}.local_slot", f"must be < {total} for a merge of {total} inputs")
-            expected = [s for s in range(total) if not (local and s == a["local_slot"])]
-            if slots != expected:
-                raise r.fail(where, f"merge input slots {slots} do not match {expected}")
-        elif op == "encode":
-            if len(preds) != (0 if local else 1):
-                raise r.fail(where, f"an encode {'of the local gradient ' if local else ''}takes "
-                                    f"{0 if local else 1} input(s), has {len(preds)}")
-        elif len(preds) != 1:
-            raise r.fail(where, f"a {op} takes exactly one input, has {len(preds)}")
-        for u in preds:
-            ua = graph.nodes[u]
-            if (ua["tensor"], ua["part"]) != (a["tensor"], a["part"]):
-                raise r.fail(where, f"input {u!r} belongs to another tensor/partition")
-            if ua["actor"] != a["actor"] and not (op == "recv" and ua["op"] == "send"):
-                raise r.fail(where, f"data from {u!r} crosses actors outside a send -> recv pair")
-        if op == "recv":
-            (send,) = preds
-            sa = graph.nodes[send]
-            if sa["op"] != "send" or sa["codec"] != a["codec"] or sa["nbytes"] != a["nbytes"]:
-                raise r.fail(where, f"must receive from a send of the same codec and size, got {send!r}")
-            if not compact and (sa["peer"] != a["actor"] or a["peer"] != sa["actor"]):
-                raise r.fail(where, f"peer mismatch with {send!r}")
-        if op == "send" and list(graph.successors(node)) and \
-                any(graph.nodes[s]["op"] != "recv" for s in graph.successors(node)):
-            raise r.fail(where, "a send feeds only its recv")
-        if op == "encode" and a["ef"]:
-            ef_keys[a["ef_key"]] += 1
-        if a.get("output"):
-            outputs[(a["actor"], a["tensor"], a["part"])] += 1
-    twice = [k for k, c in ef_keys.items() if c > 1]
-    if twice and not compact:  # a template reuses one worker's keys for its symmetric hops
-        raise r.fail("graph", f"error-feedback key {twice[0]!r} is used by several encodes")
-    owners = [f"worker:{w}" for w in range(1 if compact else workers)]
-    for tensor, parts in ({} if compact else bounds).items():  # templates cover representative partitions only
-        for actor in owners:
-            for part in range(len(parts)):
-                count = outputs.get((actor, tensor, part), 0)
-                if count != 1:
-                    raise r.fail("graph", f"{actor} has {count} output nodes for bucket {tensor!r} partition {part} "
-                                          "(expected exactly one)")
-    stray = [k for k in outputs if k[0] not in owners]
-    if stray:
-        raise r.fail("graph", f"output node on {stray[0][0]}, which is not a worker of this plan")
-
-
-def _check_codecs(r: _Reader, graph: nx.DiGraph, buckets: dict[str, Bucket]) -> None:
-    """Every payload is decoded with the codec that encoded it; a bucket uses its own codec (and identity
-    for one-way PS pulls); error feedback is on exactly for the bucket codec's encodes when the bucket has it."""
-    for node, a in graph.nodes(data=True):
-        where = f"graph node {node!r}"
-        bucket = buckets[a["tensor"]]
-        if "codec" in a and a["codec"] not in (str(bucket.codec), "none"):
-            raise r.fail(f"{where}.codec", f"bucket {bucket.name!r} uses codec {str(bucket.codec)!r}, "
-                                           f"got {a['codec']!r}")
-        if a["op"] in ("send", "decode"):
-            (source,) = graph.predecessors(node)
-            if graph.nodes[source].get("codec") != a["codec"]:
-                raise r.fail(f"{where}.codec", f"{a['codec']!r} does not match the codec of its input {source!r}")
-        if a["op"] == "encode":
-            expected = bucket.uses_error_feedback and a["codec"] == str(bucket.codec)
-            if a["ef"] != expected:
-                raise r.fail(f"{where}.ef", f"expected {str(expected).lower()} for bucket {bucket.name!r} "
-                                            f"(codec {str(bucket.codec)!r}, error_feedback={bucket.error_feedback})")
-
-
-def plan_from_dict(data: Any, source: str = "plan") -> SyncPlan:
+def plan_from_dict(data: Any, source: str, cls: type[SyncPlan]) -> SyncPlan:
     """Rebuild a plan from :func:`plan_to_dict` output, validating everything (see the module docstring)."""
     r = _Reader(source)
     if not isinstance(data, dict):
@@ -378,8 +253,9 @@ def plan_from_dict(data: Any, source: str = "plan") -> SyncPlan:
     if fmt != PLAN_FORMAT:
         raise r.fail("format", f"expected {PLAN_FORMAT!r}, got {fmt!r} (not a casync plan file)")
     version = data.get("version")
-    if version != PLAN_VERSION:
-        raise r.fail("version", f"unsupported plan version {version!r} (this casync reads version {PLAN_VERSION})")
+    if version not in READABLE_VERSIONS:
+        raise r.fail("version", f"unsupported plan version {version!r} (this casync reads versions "
+                                f"{', '.join(map(str, READABLE_VERSIONS))})")
     workers = r.field(data, "workers", "", _POS)
     compact = r.field(data, "compact", "", _BOOL)
     options = r.mapping(data, "options", "")
@@ -388,7 +264,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> SyncPlan:
     mode = options.get("nonfinite", "raise")
     if mode not in NONFINITE_MODES:
         raise r.fail("options.nonfinite", f"expected one of {list(NONFINITE_MODES)}, got {mode!r}")
-    if not _NONNEG[0](options.get("seed", 0)):
+    if not _NONNEG[1](options.get("seed", 0)):
         raise r.fail("options.seed", f"expected an int >= 0, got {options.get('seed')!r}")
     codecs = {}
     for key, spec in r.mapping(data, "codecs", "").items():
@@ -398,15 +274,20 @@ def plan_from_dict(data: Any, source: str = "plan") -> SyncPlan:
         codecs[key] = codec
     specs = _read_tensors(r, data)
     buckets = _read_buckets(r, data, specs)
-    graph = _read_graph(r, data, workers, buckets, codecs, compact)
+    graph = _read_graph(r, data, workers, version)
     if "codec" in options and isinstance(options["codec"], list) and len(options["codec"]) == 2 \
             and isinstance(options["codec"][0], str) and isinstance(options["codec"][1], dict):
         options = dict(options, codec=tuple(options["codec"]))  # build_plan stores the codec spec as a tuple
-    return SyncPlan(graph=graph, tensors=specs, buckets=buckets, workers=workers, codecs=codecs, options=options,
+    plan = cls(graph=graph, tensors=specs, buckets=buckets, workers=workers, codecs=codecs, options=options,
                     compact=compact)
+    try:
+        lint(plan, attrs=False)  # attributes were checked node by node above
+    except PlanError as exc:
+        raise PlanFormatError(f"{r.source}: {exc}") from None
+    return plan
 
 
-def load_plan(path: str | Path) -> SyncPlan:
+def load_plan(path: str | Path, cls: type[SyncPlan]) -> SyncPlan:
     """Read a plan written by :func:`save_plan`; every field is validated, nothing is unpickled."""
     path = Path(path)
     try:
@@ -419,7 +300,7 @@ def load_plan(path: str | Path) -> SyncPlan:
         raise PlanFormatError(f"{path}: not valid JSON ({exc})") from None
     except ValueError as exc:  # NaN / Infinity literals
         raise PlanFormatError(f"{path}: {exc}") from None
-    return plan_from_dict(data, source=str(path))
+    return plan_from_dict(data, str(path), cls)
 
 
 def _reject_constant(name: str) -> Any:

@@ -11,7 +11,8 @@ from typing import Any, Iterator
 import networkx as nx
 
 from primitives.codecs import Codec
-from strategies import OPS
+from primitives.ir import OPS, Actor
+from strategies import get_strategy
 
 from ..table import format_table
 from .specs import Bucket, Member, TensorSpec
@@ -56,7 +57,7 @@ class SyncPlan:
     def actors(self) -> list[str]:
         """Every actor the plan uses: workers first, then dedicated servers."""
         names = {a for _, a in self.graph.nodes(data="actor")} | {f"worker:{w}" for w in range(self.workers)}
-        return sorted(names, key=lambda a: (not a.startswith("worker:"), a.split(":")[0], int(a.split(":")[1])))
+        return sorted(names, key=Actor.sort_key)
 
     def bucket(self, name: str) -> Bucket:
         for b in self.buckets:
@@ -77,21 +78,31 @@ class SyncPlan:
     def bucket_of(self, tensor: str) -> Bucket:
         return self.locate(tensor)[0]
 
-    def nodes(self, tensor: str | None = None, op: str | None = None, actor: str | None = None) -> Iterator[str]:
-        """Node ids filtered by bucket name, primitive and actor."""
+    def bucket_name(self, name: str | None) -> str | None:
+        """``name`` if it names a bucket, else the bucket of the tensor it names (None stays None)."""
+        if name is None or any(b.name == name for b in self.buckets):
+            return name
+        return self.locate(name)[0].name
+
+    def nodes(self, bucket: str | None = None, op: str | None = None, actor: str | None = None) -> Iterator[str]:
+        """Node ids filtered by bucket (or tensor) name, primitive and actor."""
+        bucket = self.bucket_name(bucket)
         for node, a in self.graph.nodes(data=True):
-            if (tensor is None or a["tensor"] == tensor) and (op is None or a["op"] == op) and (
+            if (bucket is None or a["bucket"] == bucket) and (op is None or a["op"] == op) and (
                     actor is None or a["actor"] == actor):
                 yield node
 
-    def op_counts(self, tensor: str | None = None) -> dict[str, int]:
-        counts = Counter(a["op"] for _, a in self.graph.nodes(data=True) if tensor is None or a["tensor"] == tensor)
+    def op_counts(self, bucket: str | None = None) -> dict[str, int]:
+        """How many ops of each primitive a bucket (or the whole plan) has."""
+        bucket = self.bucket_name(bucket)
+        counts = Counter(a["op"] for _, a in self.graph.nodes(data=True) if bucket is None or a["bucket"] == bucket)
         return {op: counts.get(op, 0) for op in OPS}
 
-    def wire_bytes(self, tensor: str | None = None) -> int:
+    def wire_bytes(self, bucket: str | None = None) -> int:
         """Bytes all sends of a bucket (or the whole plan) put on the wire in one iteration."""
+        bucket = self.bucket_name(bucket)
         return sum(a["nbytes"] for _, a in self.graph.nodes(data=True)
-                   if a["op"] == "send" and (tensor is None or a["tensor"] == tensor))
+                   if a["op"] == "send" and (bucket is None or a["bucket"] == bucket))
 
     def topological_order(self) -> list[str]:
         """A deterministic topological order: earlier-ready buckets first, then by node id."""
@@ -110,7 +121,7 @@ class SyncPlan:
         """Rebuild (and validate) a plan from :meth:`to_dict` output; ``PlanFormatError`` names a bad field."""
         from .io import plan_from_dict
 
-        return plan_from_dict(data, source)
+        return plan_from_dict(data, source, cls)
 
     def save(self, path: str) -> str:
         """Write the plan as versioned JSON (never pickle); ``SyncPlan.load(path)`` reads it back."""
@@ -123,7 +134,7 @@ class SyncPlan:
         """Read a plan written by :meth:`save`, validating every field against the format."""
         from .io import load_plan
 
-        return load_plan(path)
+        return load_plan(path, cls)
 
     def __eq__(self, other: object) -> bool:
         """Plans are equal when they hold the same data (graph included), as a save/load round trip keeps."""
@@ -140,9 +151,7 @@ class SyncPlan:
         for b in self.buckets:
             c = self.op_counts(b.name)
             label = b.name if len(b.members) == 1 else f"{b.name} ({len(b.members)} tensors)"
-            strategy = b.strategy
-            if b.strategy == "ps":
-                strategy += f"[{'2way' if b.two_way else '1way'},{'S=' + str(b.servers) if b.servers else 'coloc'}]"
+            strategy = get_strategy(b.strategy).label(b)
             rows.append([label, b.numel, strategy, str(b.codec) + ("+ef" if b.uses_error_feedback else ""),
                          len(b.partitions), _human_bytes(self.wire_bytes(b.name)),
                          c["encode"], c["decode"], c["merge"], c["send"], b.note])
@@ -158,29 +167,29 @@ class SyncPlan:
                               "send", "note"], rows)
         return head + "\n" + table
 
-    def table(self, tensor: str | None = None) -> str:
+    def table(self, bucket: str | None = None) -> str:
         """Every node as a row (like ``torch.fx.Graph.print_tabular``), in execution order."""
         rows = []
         for node in self.topological_order():
             a = self.graph.nodes[node]
-            if tensor is not None and a["tensor"] != tensor:
+            if bucket is not None and a["bucket"] != bucket:
                 continue
             inputs = [u for u, _, _ in sorted(self.graph.in_edges(node, data="slot"), key=lambda e: e[2])]
             rows.append([node, a["op"], a["actor"], a["part"], a["nbytes"], a.get("peer") or "",
                          a.get("codec") or "", ", ".join(inputs)])
         return format_table(["node", "op", "actor", "part", "nbytes", "peer", "codec", "inputs"], rows)
 
-    def to_dot(self, tensor: str | None = None) -> str:
+    def to_dot(self, bucket: str | None = None) -> str:
         """Graphviz DOT text: one cluster per actor, send->recv edges dashed."""
         from ..drawing import plan_to_dot
 
-        return plan_to_dot(self, tensor)
+        return plan_to_dot(self, self.bucket_name(bucket))
 
-    def draw(self, path: str, tensor: str | None = None, max_nodes: int = 400) -> str:
+    def draw(self, path: str, bucket: str | None = None, max_nodes: int = 400) -> str:
         """Write a PNG (matplotlib): actors as lanes, ops left to right by dependency depth."""
         from ..drawing import draw_plan
 
-        return draw_plan(self, path, tensor=tensor, max_nodes=max_nodes)
+        return draw_plan(self, path, bucket=self.bucket_name(bucket), max_nodes=max_nodes)
 
     def __repr__(self) -> str:
         return (f"SyncPlan(tensors={len(self.tensors)}, buckets={len(self.buckets)}, workers={self.workers}, "

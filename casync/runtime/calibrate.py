@@ -297,7 +297,7 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     import ray
     from tqdm.auto import tqdm
 
-    from .ray_engine import connect_ray
+    from .ray_layer import connect_ray
 
     profile = profile or Profile.default()
     plans = calibration_plans() if plans is None else list(plans)

@@ -1,4 +1,4 @@
-"""The Ray actor that executes one worker's (or server's) share of a plan, fused task by fused task."""
+"""The Ray actor that executes one worker's (or server's) share of a plan, task by task (``casync.schedule``)."""
 from __future__ import annotations
 
 import time
@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from primitives.ir import Actor
 from primitives.ops import run_node
 
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
@@ -76,8 +77,8 @@ class SyncActor:
         self._reset_step()
         self.previous = None
         self.grads = grads or {}
-        if flagged is None and self.grads and self.name.startswith("worker:"):
-            self.nonfinite, self.flagged = scan_worker(self.layouts, int(self.name.split(":")[1]), self.grads)
+        if flagged is None and self.grads and Actor.parse(self.name).is_worker:
+            self.nonfinite, self.flagged = scan_worker(self.layouts, Actor.parse(self.name).index, self.grads)
         else:
             self.flagged = set(flagged or ())
         self.keep_previous = keep_previous
@@ -98,17 +99,17 @@ class SyncActor:
             a = s.attrs
             local = None
             if a.get("local_input"):
-                start, stop = self.partitions[a["tensor"]][a["part"]]
-                local = self.grads[a["tensor"]][start:stop]
+                start, stop = self.partitions[a["bucket"]][a["part"]]
+                local = self.grads[a["bucket"]][start:stop]
             t0, cpu0 = time.time(), time.thread_time()
             result = run_node(a, [values[u] for u in s.inputs], local, codecs=self.codecs, residuals=self.pending,
                               plan_seed=self.plan_seed, step=step, flagged=self.flagged)
             # wall time, and this thread's CPU time (the op's own work, without waiting for a core)
-            self.records.append((a["op"], a["tensor"], a["part"], t0, time.time(), a["nbytes"], s.node,
+            self.records.append((a["op"], a["bucket"], a["part"], t0, time.time(), a["nbytes"], s.node,
                                  time.thread_time() - cpu0))
             values[s.node] = result
             if a.get("output"):
-                self._write_result(a["tensor"], a["part"], result)
+                self._write_result(a["bucket"], a["part"], result)
         for node, uses in task.keep.items():
             self.kept[node] = values[node]
             self.kept_uses[node] = uses

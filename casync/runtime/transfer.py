@@ -8,7 +8,7 @@ import numpy as np
 import ray
 
 from ..sim.profiler import best_time, fit_linear
-from .ray_engine import connect_ray
+from .ray_layer import connect_ray
 
 
 def profile_transfer(sizes: Iterable[int] = (2**10, 2**16, 2**20, 2**23, 2**25), repeat: int = 3) -> tuple[float, float, float]:

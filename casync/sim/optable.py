@@ -15,15 +15,19 @@ from typing import Any, Sequence
 
 import networkx as nx
 
-KINDS = ("encode", "decode", "merge", "send", "recv")
-ENCODE, DECODE, MERGE, SEND, RECV = range(len(KINDS))
+from primitives.ir import OPS
+
+from ..schedule import hop_rounds
+
+KINDS = OPS  # an op's kind is its index in the IR's op set
+ENCODE, SEND, RECV, MERGE, DECODE = (OPS.index(op) for op in ("encode", "send", "recv", "merge", "decode"))
 _KIND = {k: i for i, k in enumerate(KINDS)}
 
 
 @dataclass
 class OpTable:
     """One row per op; list ``x[i]`` is op ``i``'s attribute ``x``.  Actors and buckets are indices into
-    ``actors`` and ``tensors``; ``rank[i]`` orders ops by node name (the simulator's last tie-break)."""
+    ``actors`` and ``buckets``; ``rank[i]`` orders ops by node name (the simulator's last tie-break)."""
 
     names: list[str]
     kind: list[int]
@@ -31,7 +35,8 @@ class OpTable:
     bucket: list[int]
     part: list[int]
     priority: list[int]
-    round: list[int]  # the "round" attribute: the order of a PS exchange's shifted transfers
+    round: list[int]  # the "round" attribute: the order of a shifted exchange's transfers
+    hop: list[int]  # send -> recv edges on the longest path in (``casync.schedule``): with actor and bucket, its task
     nbytes: list[int]
     peer: list[int]  # send: the receiving actor; -1 otherwise
     succ: list[list[int]]
@@ -39,7 +44,7 @@ class OpTable:
     rank: list[int]
     cost: list[tuple]  # what the op's compute cost depends on: (codec, numel, error feedback, merged inputs)
     actors: list[str]
-    tensors: list[str]
+    buckets: list[str]  # bucket names; ``bucket[i]`` indexes this
     _durations: dict[int, tuple[Any, list[float]]] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
@@ -50,9 +55,9 @@ class OpTable:
         """Rows in ``graph``'s node order; ``rank`` sorts node names."""
         index = {n: i for i, n in enumerate(graph)}
         actors: dict[str, int] = {}
-        tensors: dict[str, int] = {}
-        t = cls(names=list(index), kind=[], actor=[], bucket=[], part=[], priority=[], round=[], nbytes=[],
-                peer=[], succ=[], npred=[], rank=[0] * len(index), cost=[], actors=[], tensors=[])
+        buckets: dict[str, int] = {}
+        t = cls(names=list(index), kind=[], actor=[], bucket=[], part=[], priority=[], round=[], hop=[], nbytes=[],
+                peer=[], succ=[], npred=[], rank=[0] * len(index), cost=[], actors=[], buckets=[])
         pred = graph._pred
         for n, a in graph.nodes(data=True):
             op = a["op"]
@@ -61,7 +66,7 @@ class OpTable:
                 raise ValueError(f"plan node {n!r} has an unknown op {op!r}; expected one of {', '.join(KINDS)}")
             t.kind.append(kind)
             t.actor.append(actors.setdefault(a["actor"], len(actors)))
-            t.bucket.append(tensors.setdefault(a["tensor"], len(tensors)))
+            t.bucket.append(buckets.setdefault(a["bucket"], len(buckets)))
             t.part.append(a["part"])
             t.priority.append(a["priority"])
             t.round.append(a.get("round", 0))
@@ -80,8 +85,9 @@ class OpTable:
                 t.cost.append(None)
         for r, i in enumerate(sorted(range(len(t.names)), key=t.names.__getitem__)):
             t.rank[i] = r
+        t.hop = hop_rounds(t.succ, [k == SEND for k in t.kind], t.npred)
         t.actors = list(actors)
-        t.tensors = list(tensors)
+        t.buckets = list(buckets)
         return t
 
     @classmethod
@@ -93,16 +99,16 @@ class OpTable:
         bucket exactly as their suffixes do, so ranks stay local when every bucket has its own priority.
         """
         actors: dict[str, int] = {}
-        t = cls(names=[], kind=[], actor=[], bucket=[], part=[], priority=[], round=[], nbytes=[], peer=[],
-                succ=[], npred=[], rank=[], cost=[], actors=[], tensors=[])
+        t = cls(names=[], kind=[], actor=[], bucket=[], part=[], priority=[], round=[], hop=[], nbytes=[], peer=[],
+                succ=[], npred=[], rank=[], cost=[], actors=[], buckets=[])
         priorities = [p for _, _, p in parts]
         if len(set(priorities)) != len(priorities):
             raise ValueError("OpTable.concat needs a distinct priority per bucket (ties are broken by name)")
         for b, (frag, name, priority) in enumerate(parts):
-            if len(frag.tensors) != 1:
-                raise ValueError(f"a fragment holds one bucket, got {len(frag.tensors)}")
+            if len(frag.buckets) != 1:
+                raise ValueError(f"a fragment holds one bucket, got {len(frag.buckets)}")
             offset = len(t.kind)
-            old = frag.tensors[0]
+            old = frag.buckets[0]
             amap = [actors.setdefault(a, len(actors)) for a in frag.actors]
             t.names += [name + n[len(old):] for n in frag.names]
             t.kind += frag.kind
@@ -111,13 +117,14 @@ class OpTable:
             t.part += frag.part
             t.priority += [priority] * len(frag)
             t.round += frag.round
+            t.hop += frag.hop
             t.nbytes += frag.nbytes
             t.peer += [amap[p] if p >= 0 else -1 for p in frag.peer]
             t.succ += [[s + offset for s in ss] for ss in frag.succ]
             t.npred += frag.npred
             t.rank += [r + offset for r in frag.rank]
             t.cost += frag.cost
-            t.tensors.append(name)
+            t.buckets.append(name)
         t.actors = list(actors)
         if parts:  # durations the fragments share a profile for carry over
             for key, (profile, _) in parts[0][0]._durations.items():

@@ -5,8 +5,9 @@ occupies the sender's egress and the receiver's ingress for as long as the link 
 (``Profile.link_s``: bytes over the NIC bandwidth between nodes, the object-store copy within one) and its
 recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
 when the profile is calibrated on Ray).  Ops start when their inputs are ready and a lane is free; ready
-ops go in order of readiness, then bucket priority.  The first op of each fused task (same actor, bucket
-and hop round, as the Ray engine fuses them) also pays the profile's per-task cost; ties go by node name.
+ops are taken in the order of the one schedule (``casync.schedule.order_key``: readiness, bucket priority,
+exchange round, node name), and the first op of each task of that schedule (same actor, bucket and hop)
+also pays the profile's per-task cost.
 
 The event loop (:func:`run_table`) reads the plan as an :class:`~casync.optable.OpTable` (flat lists of
 integers, lanes numbered), about 2 us per op; the planner feeds it tables glued from per-bucket fragments.
@@ -19,7 +20,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..plan.ready import bucket_ready_times
 from ..plan.syncplan import SyncPlan
+from ..schedule import order_key
 from .costmodel import ClusterModel, Profile
 from .optable import KINDS, RECV, SEND, OpTable
 
@@ -69,7 +72,8 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     profile = profile or Profile.default()
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a casync.Profile (Profile.load(path) reads a file), got {type(profile).__name__}")
-    bucket_ready = _bucket_ready(plan, ready_times)
+    groups = [(b.name, [m.spec for m in b.members]) for b in plan.buckets]
+    bucket_ready = dict(zip((b.name for b in plan.buckets), bucket_ready_times(groups, ready_times, plan.tensors)))
     return run_table(OpTable.from_graph(plan.graph), cluster, profile, bucket_ready)
 
 
@@ -78,8 +82,8 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     """The event loop over an :class:`OpTable`; ``records=False`` (the planner's) keeps only the
     iteration time, with no op records, lanes or critical path."""
     n_ops, n_actors = len(table), len(table.actors)
-    kind, actor_of, bucket_of, priority, round_attr, rank = (table.kind, table.actor, table.bucket, table.priority,
-                                                              table.round, table.rank)
+    kind, actor_of, bucket_of, priority, round_attr, rank, hop = (table.kind, table.actor, table.bucket,
+                                                                   table.priority, table.round, table.rank, table.hop)
     succ, nbytes, peer = table.succ, table.nbytes, table.peer
     duration_of = table.durations(profile)
     node_of = [cluster.node_of(a) for a in table.actors]
@@ -129,18 +133,17 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     indeg = list(table.npred)
     ready = [-1.0] * n_ops
     cause = [-1] * n_ops
-    rounds = [0] * n_ops
     end = [0.0] * n_ops
     begin = [0.0] * n_ops
     delay = [0.0] * n_ops  # recv -> seconds its payload takes to become usable after the link
     sender = [-1] * n_ops  # recv -> its send
     last, last_end = -1, -math.inf  # the op that ends last (the first such, in processing order)
-    heap: list[tuple[float, int, int, int, int]] = []  # (ready, bucket priority, transfer round, name rank, op)
-    start_of = [bucket_ready.get(name, 0.0) for name in table.tensors]
+    heap: list[tuple[float, int, int, int, int]] = []  # (*order_key, op)
+    start_of = [bucket_ready.get(name, 0.0) for name in table.buckets]
     for n in range(n_ops):
         if indeg[n] == 0:
             ready[n] = start_of[bucket_of[n]]
-            heap.append((ready[n], priority[n], round_attr[n], rank[n], n))
+            heap.append((*order_key(ready[n], priority[n], round_attr[n], rank[n]), n))
     heapq.heapify(heap)
     task_seen: set[tuple[int, int, int]] = set()
     link_memo: dict[tuple[int, bool], tuple[float, float]] = {}
@@ -176,7 +179,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
         elif k != RECV:
             lanes = compute_lanes(actor)
             duration = duration_of[n]
-            key = (actor, bucket_of[n], rounds[n])
+            key = (actor, bucket_of[n], hop[n])
             if key not in task_seen:
                 task_seen.add(key)
                 duration += task_cost
@@ -208,29 +211,26 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
                 lane_last[lane] = n
             delay[recv] += wire_start + wire - finish
             if records:
-                rows.append(dict(op="wire", actor=table.actors[actor], tensor=table.tensors[bucket_of[n]],
+                rows.append(dict(op="wire", actor=table.actors[actor], bucket=table.buckets[bucket_of[n]],
                                  part=table.part[n], start=wire_start, end=wire_start + wire, nbytes=nbytes[n],
                                  node=table.names[n], lane=lane_names[nic[0]]))
         if records:
             name = table.actors[actor]
             if k != RECV:
-                rows.append(dict(op=KINDS[k], actor=name, tensor=table.tensors[bucket_of[n]], part=table.part[n],
+                rows.append(dict(op=KINDS[k], actor=name, bucket=table.buckets[bucket_of[n]], part=table.part[n],
                                  start=start, end=finish, nbytes=nbytes[n], node=table.names[n],
                                  lane=lane_names[lanes[0]] if lanes else name))
             else:
-                rows.append(dict(op="recv", actor=name, tensor=table.tensors[bucket_of[n]], part=table.part[n],
+                rows.append(dict(op="recv", actor=name, bucket=table.buckets[bucket_of[n]], part=table.part[n],
                                  start=begin[sender[n]] if sender[n] >= 0 else start, end=finish,
                                  nbytes=nbytes[n], node=table.names[n], lane=f"{name}/ingress"))
-        step = rounds[n] + (k == SEND)
         for s in succ[n]:
             if finish >= ready[s]:
                 ready[s] = finish
                 cause[s] = n
-            if step > rounds[s]:
-                rounds[s] = step
             indeg[s] -= 1
             if indeg[s] == 0:
-                push(heap, (ready[s], priority[s], round_attr[s], rank[s], s))
+                push(heap, (*order_key(ready[s], priority[s], round_attr[s], rank[s]), s))
     if done != n_ops:
         raise ValueError("plan graph has a cycle; cannot simulate")
     iteration = max(end, default=0.0)
@@ -243,25 +243,3 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     lanes_used = sorted({r["lane"] for r in rows})
     return Timeline(records=sorted(rows, key=lambda r: r["start"]), iteration_time=iteration,
                     critical_path=path[::-1], bytes_per_link=dict(link_bytes), lanes=lanes_used)
-
-
-def _bucket_ready(plan: SyncPlan, ready_times: Mapping[str, float] | None) -> dict[str, float]:
-    if not ready_times:
-        return {}
-    if not isinstance(ready_times, Mapping):
-        raise TypeError("ready_times must be a mapping tensor name -> seconds")
-    out = {}
-    known = {t.name for t in plan.tensors} | {b.name for b in plan.buckets}
-    unknown = set(ready_times) - known
-    if unknown:
-        raise ValueError(f"ready_times names unknown tensors: {sorted(unknown)[:5]}")
-    for name, t in ready_times.items():
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"ready_times[{name!r}] must be a non-negative number of seconds, got {t!r}")
-    for b in plan.buckets:
-        times = [ready_times[m] for m in b.tensor_names if m in ready_times]
-        if b.name in ready_times:
-            times.append(ready_times[b.name])
-        if times:
-            out[b.name] = float(max(times))
-    return out

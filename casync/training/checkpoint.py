@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .worker import to_numpy_tree, to_torch_tree
+from .plain import to_numpy_tree, to_torch_tree
 
 FORMAT = "casync.Trainer checkpoint"
 VERSION = 1

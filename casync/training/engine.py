@@ -14,25 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayTaskError
-from ray.util.placement_group import placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.exceptions import RayTaskError
+
+from primitives.ir import Actor
 
 from ..engines.nonfinite import layouts
-from ..errors import SyncError, SyncTimeoutError
+from ..engines.timeline import TimelineBuffer, op_rows
+from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
-from ..runtime.ray_engine import (
-    DEFAULT_CPUS_PER_ACTOR,
-    TIMELINE_STEPS_KEPT,
-    connect_ray,
-    get_or_fail,
-    release,
-    submit_iteration,
-    timeline_rows,
-)
+from ..runtime.ray_engine import submit_iteration
+from ..runtime.ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup
 from ..schedule import Program, compile_program
 from .options import TrainOptions
-from .worker import SYNC_GROUP, StepSyncActor, TrainWorker
+from .step_sync import SYNC_GROUP, StepSyncActor
+from .worker import TrainWorker
 
 
 @dataclass
@@ -66,30 +61,25 @@ class TrainEngine:
         self.full_program = offset_program(compile_program(full_plan), len(self.program.tasks)) if full_plan else None
         self.codecs = dict(plan.codecs, **(full_plan.codecs if full_plan else {}))
         self.workers = [f"worker:{w}" for w in range(plan.workers)]
-        self.actors: dict[str, Any] = {}
-        self._records: list[dict[str, Any]] = []
-        self._broken: str | None = None
-        self._closed = False
-        self._pg = None
-        cpus = [options.cpus_per_worker if a.startswith("worker:") else DEFAULT_CPUS_PER_ACTOR for a in plan.actors]
-        self._owns_ray = connect_ray(address, num_cpus=max(os.cpu_count() or 1, math.ceil(sum(cpus))))
+        self._timeline = TimelineBuffer()
+        self._send_of = {n: next(iter(plan.graph.predecessors(n))) for n in plan.nodes(op="recv")}
+        cpus = [options.cpus_per_worker if Actor.parse(a).is_worker else DEFAULT_CPUS_PER_ACTOR for a in plan.actors]
+        self.group = ActorGroup(address, options.timeout_s, ping="ready", on_fail=self._discard,
+                                num_cpus=max(os.cpu_count() or 1, math.ceil(sum(cpus))))
         try:
             self._start_actors(cpus, layout, fns, warmup)
         except BaseException:
             self.close()
             raise
 
+    @property
+    def actors(self) -> dict[str, Any]:
+        return self.group.handles
+
     # -- lifecycle -----------------------------------------------------------------------
     def _start_actors(self, cpus: list[float], layout: list, fns: tuple, warmup: dict) -> None:
         names = self.plan.actors
-        strategy = "SPREAD" if self.options.placement == "spread" else "PACK"
-        self._pg = placement_group([{"CPU": c} for c in cpus], strategy=strategy)
-        try:
-            ray.get(self._pg.ready(), timeout=self.options.timeout_s)
-        except GetTimeoutError:
-            raise SyncTimeoutError(f"placement group for {len(names)} actors ({sum(cpus):g} CPUs) not ready in "
-                                   f"{self.options.timeout_s:.0f}s; cluster resources: {ray.cluster_resources()}; "
-                                   "lower cpus_per_worker or add nodes") from None
+        self.group.place(cpus, self.options.placement, hint="lower cpus_per_worker or add nodes")
         partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
         per_actor = max(len(self.program.tasks_of(n)) for n in names)
         threads = min(256, 2 * per_actor * (2 if self.full_program else 1) + 8)  # waiting tasks, two steps in flight
@@ -97,39 +87,22 @@ class TrainEngine:
         server_cls = ray.remote(concurrency_groups={SYNC_GROUP: threads})(StepSyncActor)
         for index, name in enumerate(names):
             tasks = self.program.tasks_of(name) + (self.full_program.tasks_of(name) if self.full_program else [])
-            opts = dict(num_cpus=cpus[index], max_restarts=0, max_task_retries=0, allow_out_of_order_execution=True,
-                        scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=index))
-            if name.startswith("worker:"):
-                self.actors[name] = worker_cls.options(**opts).remote(
-                    name, int(name.split(":")[1]), self.plan.workers, tasks, self.codecs, self.plan.seed, partitions,
-                    layout, fns, self.options, warmup, layouts(self.plan), self.plan.nonfinite)
+            actor = Actor.parse(name)
+            if actor.is_worker:
+                self.group.start(name, worker_cls, index, cpus[index], name, actor.index, self.plan.workers, tasks,
+                                 self.codecs, self.plan.seed, partitions, layout, fns, self.options, warmup,
+                                 layouts(self.plan), self.plan.nonfinite, allow_out_of_order_execution=True)
             else:
-                self.actors[name] = server_cls.options(**opts).remote(
-                    name, tasks, self.codecs, self.plan.seed, partitions, self.options.timeout_s)
+                self.group.start(name, server_cls, index, cpus[index], name, tasks, self.codecs, self.plan.seed,
+                                 partitions, self.options.timeout_s, allow_out_of_order_execution=True)
         self.get([a.ready.remote() for a in self.actors.values()], "starting the workers (model_fn, data_fn)")
 
     def close(self) -> None:
         """Kill the actors and free the placement group; stop Ray if this engine started it."""
-        if self._closed:
-            return
-        self._closed = True
-        release(self.actors.values(), self._pg, self._owns_ray)
-        self.actors = {}
-
-    def __del__(self) -> None:
-        """Best effort for a forgotten trainer on a joined cluster: free its actors (as ``RayEngine`` does)."""
-        try:
-            if not self._closed and ray.is_initialized() and not self._owns_ray:
-                self.close()
-        except Exception:
-            pass
+        self.group.close()
 
     def check_usable(self) -> None:
-        if self._closed:
-            raise SyncError("this Trainer is closed")
-        if self._broken:
-            raise SyncError(f"this Trainer is unusable after an earlier failure ({self._broken}); build a new one "
-                            "with Trainer.load() from the last checkpoint")
+        self.group.check_usable("Trainer", "build a new one with Trainer.load() from the last checkpoint")
 
     # -- steps -------------------------------------------------------------------------------
     def start_step(self, step: int, full: bool, after: dict[str, Any] | None = None) -> StepRefs:
@@ -162,15 +135,14 @@ class TrainEngine:
         """``ray.get`` with this engine's timeout; failures become typed errors and make the engine unusable.
         An exception raised in user code (model_fn, loss_fn, data_fn) is re-raised as its own type."""
         try:
-            return get_or_fail(refs, what, self.options.timeout_s, deadline, self._fail, self.actors, "ready")
+            return self.group.get(refs, what, deadline)
         except RayTaskError as exc:
-            self._fail(f"a task failed while {what}: {type(exc.cause).__name__}: {exc.cause}"[:300])
+            self.group.fail(f"a task failed while {what}: {type(exc.cause).__name__}: {exc.cause}"[:300])
             if isinstance(exc.cause, SyncError):
                 raise type(exc.cause)(f"{what}: {exc.cause}") from exc
             raise exc.as_instanceof_cause() from None
 
-    def _fail(self, reason: str) -> None:
-        self._broken = reason
+    def _discard(self, reason: str) -> None:
         for handle in self.actors.values():
             try:
                 handle.discard.remote(reason)
@@ -179,16 +151,7 @@ class TrainEngine:
 
     # -- timeline ------------------------------------------------------------------------------
     def record(self, step: int, records: dict[str, list[tuple]]) -> None:
-        self._records.extend(timeline_rows(self.plan, step, records))
-        keep = step - TIMELINE_STEPS_KEPT
-        if self._records and self._records[0]["step"] <= keep:
-            self._records = [r for r in self._records if r["step"] > keep]
+        self._timeline.add(step, op_rows(step, records, self._send_of))
 
     def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
-        rows = [dict(r) for r in self._records if step is None or r["step"] == step]
-        if rows:
-            t0 = min(r["start"] for r in rows)
-            for r in rows:
-                r["start"] -= t0
-                r["end"] -= t0
-        return rows
+        return self._timeline.rows(step)

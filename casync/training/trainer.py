@@ -16,9 +16,11 @@ import torch
 
 from primitives.codecs import Codec, get_codec
 
+from ..engines.nonfinite import raise_if_raising, voids_step
 from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, ReplicaMismatchError
-from ..plan.build import BucketChoice, assemble_plan, build_plan
+from ..plan.assemble import BucketChoice, assemble_plan
+from ..plan.build import build_plan
 from ..plan.syncplan import SyncPlan
 from .checkpoint import read_checkpoint, write_checkpoint
 from .engine import StepRefs, TrainEngine
@@ -263,8 +265,7 @@ class Trainer:
             updates = engine.get(list(applied.values()), f"applying step {t}", deadline)
             updates = dict(zip(engine.workers, updates))
             voided = self._voided(t, updates, rollback=True)
-            if voided and self.plan.nonfinite == "raise":  # nothing of step t changed anything: t is run again
-                raise NonFiniteGradientError(voided, step=t)
+            raise_if_raising(self.plan.nonfinite, voided, step=t)  # nothing of step t changed: t is run again
             self.step += 1
             refs.wall = time.perf_counter() - start
             record = self._record(refs, dict(zip(engine.actors, finished)), updates, None)
@@ -280,7 +281,7 @@ class Trainer:
                                                           deadline)))
             voided = self._voided(prev.step, updates, rollback=False)
             if voided and self.plan.nonfinite == "raise":
-                engine._fail(f"non-finite gradients in step {prev.step}, and step {t} had already started from "
+                engine.group.fail(f"non-finite gradients in step {prev.step}, and step {t} had already started from "
                              "its error-feedback state (delayed_update)")
                 raise NonFiniteGradientError(voided, step=prev.step)
             if not prev.recorded:
@@ -346,7 +347,7 @@ class Trainer:
             bytes_sent=sent, raw_bytes=raw, compression_ratio=raw / sent if sent else float("nan"),
             full_precision=refs.full, density=refs.stats[self._engine.workers[0]]["density"],
             replicas_checked=bool(updates) and any(u["hash"] is not None for u in updates.values()),
-            skipped=bool(found) and self.plan.nonfinite == "skip", nonfinite=found)
+            skipped=voids_step(self.plan.nonfinite, found), nonfinite=found)
 
     # -- replicas ------------------------------------------------------------------------------------
     def _compare_hashes(self, step: int | str, updates: dict[str, dict]) -> None:

@@ -1,0 +1,137 @@
+"""Fixed plans: fuse tensors into buckets, partition each bucket, and expand it with its strategy.
+
+:func:`assemble_plan` is where every plan is made, whoever chose the per-bucket options (``build_plan``
+for one strategy and codec everywhere, the planner for a mix).  ``compact=True`` expands the strategies'
+symmetric templates (one representative worker, O(N) ops per bucket) for simulating large clusters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from primitives.codecs import Codec, get_codec
+from strategies import GraphBuilder, Unit, get_strategy
+
+from .lint import lint
+from .specs import Bucket, Member, TensorSpec, split_even
+from .syncplan import SyncPlan
+
+DEFAULT_BUCKET_BYTES = 25 << 20  # 25 MiB, DDP's bucket_cap_mb: fewer, larger buckets win (ResNet-50: 5 buckets,
+# which still pipeline)
+MIN_PARTITION_NUMEL = 16384  # default partitioning never cuts below 64 KiB: tiny parts cost latency, save nothing
+MAX_PLAN_OPS = 2_000_000  # ~30 s to build and a few GB: beyond it, refuse at once instead of running for minutes
+
+
+@dataclass(frozen=True)
+class BucketChoice:
+    """How one bucket is synchronized: what a planner decides per bucket (``partitions=None``: default)."""
+
+    strategy: str = "ring"
+    codec: Codec = field(default_factory=lambda: get_codec(None))
+    partitions: int | None = None
+    two_way: bool = True
+    servers: int | None = None
+    note: str = ""
+
+
+def make_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[TensorSpec]]:
+    """Fuse consecutive tensors into groups of about ``bucket_bytes``, keeping backward order.
+
+    Small tensors accumulate until the group would exceed ``bucket_bytes``; a tensor at least
+    ``bucket_bytes`` large closes the group (the small ones still pending ride along with it, so no tiny
+    bucket is left behind).  A bucket is ready when its last member's gradient is.  ``0`` disables fusion.
+    """
+    groups: list[list[TensorSpec]] = []
+    current: list[TensorSpec] = []
+    size = 0
+    for spec in specs:
+        if bucket_bytes == 0:
+            groups.append([spec])
+            continue
+        if spec.nbytes >= bucket_bytes:
+            groups.append(current + [spec])
+            current, size = [], 0
+            continue
+        if current and size + spec.nbytes > bucket_bytes:
+            groups.append(current)
+            current, size = [], 0
+        current.append(spec)
+        size += spec.nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+def name_buckets(specs: list[TensorSpec], groups: list[list[TensorSpec]]) -> list[tuple[str, list[TensorSpec]]]:
+    """A bucket of one tensor takes its name; a fused one is ``bucket<i>`` (never clashing with a tensor)."""
+    names = {s.name for s in specs}
+    named = []
+    for index, group in enumerate(groups):
+        name = group[0].name if len(group) == 1 else f"bucket{index}"
+        while len(group) > 1 and name in names:
+            name = "_" + name
+        named.append((name, group))
+    return named
+
+
+def effective_partitions(choice: BucketChoice, workers: int, numel: int) -> int:
+    """The partition count a bucket gets: the choice's, else the strategy default, never below 64 KiB parts."""
+    if choice.partitions:
+        return choice.partitions
+    default = get_strategy(choice.strategy).default_partitions(workers, choice.servers)
+    return max(1, min(default, -(-numel // MIN_PARTITION_NUMEL)))
+
+
+def _partitions(choice: BucketChoice, workers: int, numel: int, compact: bool) -> int:
+    parts = effective_partitions(choice, workers, numel)
+    if compact:
+        parts = get_strategy(choice.strategy).compact_partitions(workers, parts, choice.partitions)
+    return parts
+
+
+def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
+                  choices: list[BucketChoice], *, error_feedback: bool = True, op: str = "mean",
+                  options: dict[str, Any] | None = None, compact: bool = False) -> SyncPlan:
+    """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point).
+
+    ``compact=True`` expands symmetric templates (one representative worker, see ``Strategy.expand_compact``):
+    O(N) ops per bucket instead of O(N^2), for simulating large clusters; engines refuse such plans.
+    """
+    if len(choices) != len(groups):
+        raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
+    total = 0
+    for (_, group), c in zip(groups, choices):
+        strategy = get_strategy(c.strategy)
+        parts = len(split_even(sum(s.numel for s in group), _partitions(c, workers, sum(s.numel for s in group),
+                                                                         compact)))
+        servers = c.servers if strategy.takes_servers else None
+        total += strategy.compact_op_count(workers, parts) if compact else strategy.op_count(workers, parts, servers)
+    if total > MAX_PLAN_OPS:
+        raise ValueError(f"this plan would have about {total:,} ops ({workers} workers, {len(groups)} buckets), more "
+                         f"than the {MAX_PLAN_OPS:,} casync builds; use fewer partitions or workers, or "
+                         "assemble_plan(..., compact=True) to simulate a large cluster")
+    builder = GraphBuilder(nx.DiGraph())
+    buckets: list[Bucket] = []
+    for index, ((name, group), choice) in enumerate(zip(groups, choices)):
+        strategy = get_strategy(choice.strategy)
+        members, offset = [], 0
+        for spec in group:
+            members.append(Member(spec, offset))
+            offset += spec.numel
+        servers = choice.servers if strategy.takes_servers else None
+        bucket = Bucket(name=name, members=members, strategy=choice.strategy, codec=choice.codec,
+                        partitions=split_even(offset, _partitions(choice, workers, offset, compact)),
+                        priority=index, two_way=choice.two_way, servers=servers, error_feedback=error_feedback,
+                        note=choice.note)
+        buckets.append(bucket)
+        unit = Unit(bucket=name, partitions=tuple(bucket.partitions), workers=workers, codec=choice.codec,
+                    error_feedback=error_feedback, divisor=workers if op == "mean" else 1, priority=index,
+                    servers=servers, two_way=choice.two_way)
+        (strategy.expand_compact if compact else strategy.expand)(builder, unit)
+    plan = SyncPlan(graph=builder.graph, tensors=list(specs), buckets=buckets, workers=workers,
+                    codecs=builder.codecs, options=dict(options or {}, workers=workers, op=op,
+                                                        error_feedback=error_feedback), compact=compact)
+    lint(plan, attrs=False)  # the builder types every attribute; structure, codecs and outputs are checked
+    return plan

@@ -1,0 +1,68 @@
+"""What the planner may choose from: strategies, codecs and partition counts per bucket."""
+from __future__ import annotations
+
+from typing import Any
+
+from primitives.codecs import Codec, get_codec
+from strategies import STRATEGIES, get_strategy
+
+from ..plan.assemble import MIN_PARTITION_NUMEL, BucketChoice, effective_partitions
+from ..plan.checks import check_partitions
+
+DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "topk:ratio=0.01")
+
+
+def default_strategies() -> tuple[str, ...]:
+    """``strategy="auto"``: every registered strategy that opts in (``Strategy.in_auto``)."""
+    return tuple(name for name, s in STRATEGIES.items() if s.in_auto)
+
+
+def partition_candidates(strategy: str, workers: int, numel: int, partitions: Any) -> list[int]:
+    """Partition counts to try for a bucket: the default, the given count, or (``"auto"``) the strategy's
+    candidates that keep parts at least ``MIN_PARTITION_NUMEL`` elements (HiPress's partitioning rule)."""
+    default = effective_partitions(BucketChoice(strategy=strategy), workers, numel)
+    if partitions is None:
+        return [default]
+    if partitions != "auto":
+        return [int(partitions)]
+    cap = max(1, -(-numel // MIN_PARTITION_NUMEL))
+    wanted = get_strategy(strategy).partition_candidates(workers)
+    return sorted({default} | {k for k in wanted if 1 <= k <= cap})
+
+
+def normalize_strategies(strategies: Any) -> tuple[str, ...]:
+    if strategies == "auto" or strategies is None:
+        strategies = default_strategies()
+    elif isinstance(strategies, str):
+        strategies = (strategies,)
+    elif not isinstance(strategies, (list, tuple)):
+        raise TypeError(f"strategies must be 'auto', a strategy name or a list of names, got {strategies!r}")
+    elif not strategies:
+        raise ValueError("strategy candidates must not be empty")
+    out = []
+    for s in strategies:
+        get_strategy(s)  # validates, naming the choices
+        if s not in out:
+            out.append(s)
+    return tuple(out)
+
+
+def normalize_codecs(codecs: Any) -> tuple[Codec, ...]:
+    if isinstance(codecs, str) and codecs == "auto":
+        codecs = DEFAULT_CODECS
+    elif not isinstance(codecs, list):
+        codecs = [codecs]
+    elif not codecs:
+        raise ValueError("codec candidates must not be empty")
+    out: list[Codec] = []
+    for spec in codecs:
+        c = get_codec(spec)
+        if c not in out:
+            out.append(c)
+    return tuple(out)
+
+
+def normalize_partitions(partitions: Any) -> Any:
+    if partitions is None or partitions == "auto":
+        return partitions
+    return check_partitions(partitions)

@@ -1,0 +1,310 @@
+"""``choose_plan``: the planner's whole call — candidates, Espresso's greedy, validation with the simulator.
+
+Starting points are uniform plans (one option for every bucket); Espresso's greedy improves them bucket
+by bucket on the estimate; HiPress's selective compression undoes compression that does not pay; then
+the candidates and the promising fixed plans go through the real simulator (within an op budget) and the
+best simulated plan wins, so ``auto`` is never worse in simulation than a fixed choice it simulated.
+Small plans are refined bucket by bucket with the simulator.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import time
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan
+from ..plan.checks import check_bool, check_int, check_op
+from ..plan.syncplan import SyncPlan
+from ..plan.tensors import tensor_specs
+from ..sim.costmodel import ClusterModel, Profile
+from ..sim.simulator import run_table
+from .candidates import normalize_codecs, normalize_partitions, normalize_strategies
+from .search import Planner, min_gain
+
+#: Real-simulator budget of a planning call, in plan ops simulated (about 4 us each on the 2-core development
+#: machine, fragments and gluing included).
+DEFAULT_SIM_BUDGET_OPS = 100_000
+#: Plans up to this many ops are refined bucket by bucket with the real simulator (budget permitting).
+REFINE_MAX_OPS = 4_000
+#: Planner candidates are validated when estimated within this factor of the best so far, or when this cheap.
+VALIDATE_MARGIN = 1.3
+#: Fixed uniform plans are simulated unless estimated this much slower than the best so far: "auto" must not
+#: lose to a fixed choice, and the estimator can be 50% pessimistic (e.g. PS with a 1-bit codec).
+UNIFORM_VALIDATE_MARGIN = 2.0
+CHEAP_OPS = 5_000
+#: The best-estimated fixed uniform plans that are always simulated, beyond the budget if need be; the others
+#: are rechecked with estimates corrected by what simulation showed for their strategy.  (With only one, auto
+#: lost to a fixed plan by up to 20% in 3 of 48 what-if cells: the recheck alone is not enough.)
+MUST_SIMULATE_FIXED = 3
+#: A fixed plan not yet simulated is simulated when its estimate, corrected by the simulated/estimated ratio
+#: of the simulated plans using its strategy, is within this fraction of the best simulated time.
+FIXED_RECHECK_SLACK = 0.05
+#: Options per bucket tried with the real simulator when refining (best estimated first).
+REFINE_OPTIONS = 8
+
+
+def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = None, profile: Profile | None = None,
+                strategies: Any = "auto", codecs: Any = "auto", partitions: Any = "auto",
+                ready_times: Mapping[str, float] | None = None, *, two_way: bool = True,
+                error_feedback: bool = True, op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
+                sim_budget_ops: int = DEFAULT_SIM_BUDGET_OPS, options: Mapping[str, Any] | None = None) -> SyncPlan:
+    """Choose strategy, codec and partitions per bucket for ``workers`` on ``cluster``; returns the plan.
+
+    ``strategies``: ``"auto"`` (ring, ps, allgather) or names; ``codecs``: ``"auto"`` (none, fp16, onebit,
+    topk:ratio=0.01), a list of specs, or one spec; ``partitions``: ``"auto"`` (a few per strategy), ``None``
+    (each strategy's default) or an int.  ``cluster`` defaults to what :func:`~casync.simulator.simulate`
+    assumes (all workers on one node); ``profile`` to :meth:`Profile.default`; ``ready_times`` maps tensor
+    names to the second their gradient is ready (see :func:`backward_ready_times`).  ``sim_budget_ops``
+    bounds the real-simulator checks (plan ops simulated); 0 trusts the estimator alone.
+
+    Every bucket's ``note`` says why it got its option; ``plan.options["planner"]`` holds the estimated
+    and simulated iteration times and which candidate plan won.
+    """
+    with _gc_paused():
+        return _choose_plan(tensors, workers, cluster, profile, strategies, codecs, partitions, ready_times,
+                            two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
+                            seed=seed, sim_budget_ops=sim_budget_ops, options=options)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while planning: candidate plans allocate hundreds of thousands of small,
+    acyclic objects, and the collector's passes over them took a quarter of the planning time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profile: Profile | None, strategies: Any,
+                 codecs: Any, partitions: Any, ready_times: Mapping[str, float] | None, *, two_way: bool,
+                 error_feedback: bool, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
+                 options: Mapping[str, Any] | None) -> SyncPlan:
+    started = time.perf_counter()
+    check_int("workers", workers, 1)
+    check_bool("two_way", two_way)
+    check_bool("error_feedback", error_feedback)
+    check_op(op)
+    check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
+    check_int("seed", seed, 0)
+    check_int("sim_budget_ops", sim_budget_ops, 0)
+    strategies = normalize_strategies(strategies)
+    codec_objs = normalize_codecs(codecs)
+    partitions = normalize_partitions(partitions)
+    cluster = cluster if cluster is not None else ClusterModel(nodes=1, workers_per_node=workers)
+    if not isinstance(cluster, ClusterModel):
+        raise TypeError(f"cluster must be a casync.ClusterModel, got {type(cluster).__name__}")
+    if cluster.nodes * cluster.workers_per_node < workers:
+        raise ValueError(f"cluster has room for {cluster.nodes * cluster.workers_per_node} workers "
+                         f"(nodes x workers_per_node), plan has {workers}")
+    profile = profile if profile is not None else Profile.default()
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a casync.costmodel.Profile, got {type(profile).__name__}")
+    for c in codec_objs:
+        try:
+            profile.encode_s(str(c), 1)
+            profile.decode_s(str(c), 1)
+        except KeyError as exc:
+            raise ValueError(f"cannot plan with codec {str(c)!r}: {exc.args[0]}") from None
+    specs = tensor_specs(tensors)
+    bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    planner = Planner(specs, workers, cluster, profile, strategies=strategies, codecs=codec_objs,
+                      partitions=partitions, bucket_bytes=bucket_bytes, ready_times=ready_times,
+                      two_way=two_way, error_feedback=error_feedback, op=op)
+
+    # 1. starting points: uniform plans (every strategy x codec x partition rule), estimated
+    rules: list[Any] = ["default"]
+    if partitions == "auto":
+        rules += sorted({k for b in planner.buckets for o in b.options for k in [o.partitions]})
+    uniform: dict[tuple[str, str, Any], list[int]] = {}
+    for s in strategies:
+        for c in codec_objs:
+            for rule in rules:
+                a = planner.uniform(s, c, rule)
+                if a is not None and tuple(a) not in {tuple(v) for v in uniform.values()}:
+                    uniform[(s, str(c), rule)] = a
+    scored = sorted(uniform.items(), key=lambda kv: planner.estimate(kv[1]))
+    # 2. Espresso: from the best plan without compression, bucket by bucket, skipping hidden ones
+    base_plans = [a for (s, c, r), a in scored if c == str(planner.base_codec)]
+    candidates = [planner.greedy(base_plans[0], skip_hidden=True)]
+    # ... and from the best few uniform plans
+    for _, a in scored[:3]:
+        candidates.append(planner.greedy(a, skip_hidden=False))
+    # compress only where it pays (by the estimate); the unsimplified results are validated too
+    twins = {tuple(a): planner.simplify(a) for a in candidates}
+    best = min(twins.values(), key=planner.estimate)
+    best_est = planner.estimate(best)[0]
+
+    # 3. validate with the real simulator, within the op budget: the planner's candidates and the fixed
+    # uniform plans (default partitions) that the estimate does not rule out (cheap ones always)
+    bucket_ready = {b.name: b.ready for b in planner.buckets}
+    budget = sim_budget_ops
+    sims = 0
+
+    # whatever the budget, the planner's pick and the best-estimated fixed plans are simulated: "auto" must
+    # not lose to a fixed choice in simulation, and at scale the estimator alone can be far off
+    defaults = sorted((a for (s, c, rule), a in uniform.items() if rule == "default"), key=planner.estimate)
+    must = {tuple(best)} | {tuple(a) for a in defaults[:MUST_SIMULATE_FIXED]}
+
+    def run(assign: list[int]) -> float | None:
+        """Simulated iteration time of ``assign`` (exactly what simulate() gives on its assembled plan)."""
+        nonlocal budget, sims
+        ops = sum(b.costs[j].ops for b, j in zip(planner.buckets, assign))
+        if ops > budget and tuple(assign) not in must:
+            return None
+        budget -= ops
+        sims += 1
+        return run_table(planner.table(assign), cluster, profile, bucket_ready, records=False).iteration_time
+
+    queue: list[tuple[float, int, str, list[int]]] = []
+    for raw, simple in twins.items():
+        queue.append((planner.estimate(simple)[0], 0 if simple == best else 2, "planner", simple))
+        queue.append((planner.estimate(list(raw))[0], 2, "planner", list(raw)))
+    for (s, c, rule), a in uniform.items():
+        if rule == "default":
+            queue.append((planner.estimate(a)[0], 1, f"uniform {s}/{c}", a))
+    queue.sort(key=lambda x: (min(x[1], 1), x[0]))
+    simulated: list[tuple[float, str, list[int]]] = []
+    seen: set[tuple[int, ...]] = set()
+    for est, _, label, a in queue:
+        if tuple(a) in seen:
+            continue
+        seen.add(tuple(a))
+        ref = min(x[0] for x in simulated) if simulated else best_est
+        cheap = sum(b.costs[j].ops for b, j in zip(planner.buckets, a)) <= CHEAP_OPS
+        margin = UNIFORM_VALIDATE_MARGIN if label.startswith("uniform") else VALIDATE_MARGIN
+        if est > margin * ref and not cheap and tuple(a) not in must:
+            continue
+        t = run(a)
+        if t is not None:
+            simulated.append((t, label, a))
+    # the estimator's error is mostly per strategy (e.g. 50% pessimistic for PS with a 1-bit codec): correct
+    # the estimates of the fixed plans not simulated by what simulation showed for their strategy, and
+    # simulate, whatever the budget, every one that could still beat the best simulated plan
+    fixed = {tuple(a): (s, a) for (s, c, rule), a in uniform.items() if rule == "default"}
+    tried = {tuple(a) for _, _, a in simulated}
+    rechecked = 0
+    while simulated:
+        ratios: dict[str, list[float]] = {}  # strategy -> simulated / estimated of the plans using it
+        for t, label, a in simulated:
+            ratio = t / max(planner.estimate(a)[0], 1e-12)
+            for strategy in {b.options[j].strategy for b, j in zip(planner.buckets, a)}:
+                ratios.setdefault(strategy, []).append(ratio)
+        if not ratios:
+            break
+        # a strategy no simulated plan used gets the benefit of the doubt: as pessimistic as the margin allows
+        unknown = min(min(r) for r in ratios.values()) / UNIFORM_VALIDATE_MARGIN
+        best_t = min(x[0] for x in simulated)
+        pending = sorted((planner.estimate(a)[0] * min(ratios.get(s, [unknown])), a) for key, (s, a) in fixed.items()
+                         if key not in tried)
+        if not pending or pending[0][0] > (1 + FIXED_RECHECK_SLACK) * best_t:
+            break
+        _, a = pending[0]
+        tried.add(tuple(a))
+        must.add(tuple(a))
+        rechecked += 1
+        t = run(a)
+        if t is not None:
+            label = next(f"uniform {s}/{c}" for (s, c, rule), u in uniform.items() if rule == "default" and u == a)
+            simulated.append((t, label, a))
+    if simulated:
+        sim_time, winner, best = min(simulated, key=lambda x: x[0])
+        # an unsimplified result wins only if its extra compression saves min_gain in simulation too
+        times = {tuple(a): t for t, _, a in simulated}
+        simple = twins.get(tuple(best))
+        if simple is not None and tuple(simple) in times and simple != best:
+            t_simple = times[tuple(simple)]
+            if t_simple <= sim_time + min_gain(sim_time) and t_simple <= min(
+                    [t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf):
+                sim_time, best = t_simple, simple
+    else:
+        sim_time, winner = None, "planner"
+
+    # 4. small plans: refine bucket by bucket with the real simulator (most promising options first);
+    # compressing a bucket that was not must save min_gain; then undo compression that does not pay
+    ops_now = sum(b.costs[j].ops for b, j in zip(planner.buckets, best))
+    if sim_time is not None and ops_now <= REFINE_MAX_OPS:
+        fixed_best = min([t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf)
+        reserve = budget * 0.3  # for undoing compression that does not pay, below
+        budget -= reserve
+        improved, exhausted = True, False
+        while improved and not exhausted:
+            improved = False
+            for b in planner.priority:
+                bucket = planner.buckets[b]
+                costs = planner.costs_of(best)
+                _, _, _, states = planner.timeline.run(costs)
+                ends, totals = planner.timeline.batch(states, b, bucket.stack, costs)
+                for j in np.lexsort((totals, ends))[:REFINE_OPTIONS]:
+                    if j == best[b]:
+                        continue
+                    trial = list(best)
+                    trial[b] = int(j)
+                    t = run(trial)
+                    if t is None:
+                        exhausted = True
+                        break
+                    compress = best[b] in bucket.baseline and j not in bucket.baseline
+                    if t < sim_time - (min_gain(sim_time) if compress else 1e-6 * sim_time):
+                        sim_time, best, improved = t, trial, True
+                        if "refined" not in winner:
+                            winner += " (refined with the simulator)"
+                if exhausted:
+                    break
+        budget += reserve
+        exhausted = False
+        anchor = sim_time
+        cap = min(anchor + min_gain(anchor), fixed_best)
+        for b in planner.priority[::-1]:
+            bucket = planner.buckets[b]
+            if best[b] in bucket.baseline or exhausted:
+                continue
+            costs = planner.costs_of(best)
+            _, _, _, states = planner.timeline.run(costs)
+            ends, totals = planner.timeline.batch(states, b, bucket.stack, costs)
+            opt = bucket.options[best[b]]
+            same = bucket.index.get((opt.strategy, str(planner.base_codec), opt.partitions))
+            tries = [same] if same is not None else []
+            tries.append(int(min(bucket.baseline, key=lambda j: (ends[j], totals[j]))))
+            for j in dict.fromkeys(tries):
+                trial = list(best)
+                trial[b] = j
+                t = run(trial)
+                if t is None:
+                    exhausted = True
+                    break
+                if t <= cap:
+                    sim_time, best = t, trial
+                    break
+
+    # 5. the plan, with a note per bucket and what the planner did in plan.options["planner"]
+    candidates = [dict(plan=label, estimated_s=planner.estimate(a)[0], simulated_s=t)
+                  for t, label, a in sorted(simulated, key=lambda x: x[0])]
+    notes = planner.notes(best)
+    if winner.startswith("uniform") and any(label == winner and a == best for _, label, a in simulated):
+        # a fixed choice won in simulation: the per-bucket estimates alone would not have picked it, say so
+        mix = min((t for t, label, _ in simulated if label == "planner"), default=None)
+        why = (f"{winner.split(' ', 1)[1]} for every bucket simulated fastest ({sim_time * 1e3:.1f} ms"
+               + (f"; per-bucket mix {mix * 1e3:.1f} ms)" if mix is not None else ")"))
+        notes = [f"{note} by estimate; {why}" for note in notes]
+    plan = assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
+                                error_feedback=error_feedback, op=op)
+    for bucket, note in zip(plan.buckets, notes):
+        bucket.note = note
+    plan.options.update(options or {})
+    plan.options.setdefault("strategy", "auto")
+    plan.options.setdefault("codec", "auto")
+    plan.options.setdefault("partitions", partitions)
+    plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
+        estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
+        rechecked_fixed=rechecked, candidates=candidates,
+        strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
+        cluster=cluster.to_dict(), seconds=time.perf_counter() - started))
+    return plan

@@ -1,0 +1,233 @@
+"""The planner's search over per-bucket options: Espresso's greedy, HiPress's selective compression, notes.
+
+:class:`Planner` holds every bucket's candidate options and their estimated costs, evaluates assignments
+(one option per bucket) on the Espresso timeline, and glues the simulator's op table of an assignment
+from per-bucket fragments; :func:`casync.planner.choose.choose_plan` drives it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from primitives.codecs import Codec, get_codec
+
+from ..plan.assemble import BucketChoice, assemble_plan, effective_partitions, make_buckets, name_buckets
+from ..plan.ready import bucket_ready_times
+from ..plan.specs import TensorSpec
+from ..sim.costmodel import ClusterModel, Profile
+from ..sim.optable import OpTable
+from .candidates import partition_candidates
+from .estimator import Cost, Estimator, Option
+from .timeline import Stack, Timeline, better
+
+#: Buckets up to this size whose compression never pays in isolation are reported as "small".
+SMALL_BYTES = 1 << 20
+#: Compression (lossy) must save at least this much iteration time to be chosen over no compression.
+MIN_GAIN_S = 50e-6
+MIN_GAIN_FRAC = 0.002
+
+
+def min_gain(iteration_s: float) -> float:
+    """Least predicted saving that justifies compressing a bucket: 0.2% of the iteration, at least 50 us."""
+    return max(MIN_GAIN_S, MIN_GAIN_FRAC * iteration_s)
+
+
+@dataclass
+class PlanBucket:
+    """A bucket as the planner sees it: its options, their estimated costs, which are uncompressed."""
+
+    name: str
+    group: list[TensorSpec]
+    numel: int
+    ready: float
+    options: list[Option] = field(default_factory=list)
+    costs: list[Cost] = field(default_factory=list)
+    stack: Stack | None = None
+    index: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    baseline: list[int] = field(default_factory=list)  # options with the baseline (uncompressed) codec
+
+
+class Planner:
+    """Chooses one :class:`Option` per bucket; see the module docstring.  Use :func:`choose_plan`."""
+
+    def __init__(self, specs: list[TensorSpec], workers: int, cluster: ClusterModel, profile: Profile, *,
+                 strategies: Sequence[str], codecs: Sequence[Codec], partitions: Any, bucket_bytes: int,
+                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool, op: str = "mean"):
+        self.specs = specs
+        self.workers = workers
+        self.cluster = cluster
+        self.profile = profile
+        self.strategies = tuple(strategies)
+        self.codecs = tuple(codecs)
+        self.partitions = partitions
+        self.two_way = two_way
+        self.error_feedback = error_feedback
+        self.op = op
+        self._fragments: dict[tuple[int, str, str, int], OpTable] = {}
+        self.groups = name_buckets(specs, make_buckets(specs, bucket_bytes))
+        ready = bucket_ready_times(self.groups, ready_times, specs)
+        self.est = Estimator(workers, cluster, profile, error_feedback=error_feedback, two_way=two_way, op=op)
+        none = get_codec("none")
+        self.base_codec = none if none in self.codecs else self.codecs[0]
+        self.buckets: list[PlanBucket] = []
+        for (name, group), r in zip(self.groups, ready):
+            numel = sum(s.numel for s in group)
+            b = PlanBucket(name=name, group=group, numel=numel, ready=r)
+            for strategy in self.strategies:
+                for k in partition_candidates(strategy, workers, numel, partitions):
+                    for codec in self.codecs:
+                        b.index[(strategy, str(codec), k)] = len(b.options)
+                        if codec == self.base_codec:
+                            b.baseline.append(len(b.options))
+                        b.options.append(Option(strategy, codec, k))
+            b.costs = [self.est.cost(numel, o) for o in b.options]
+            b.stack = Stack.of(b.costs)
+            self.buckets.append(b)
+        self.timeline = Timeline([b.ready for b in self.buckets], workers, self.est.R)
+        # Espresso's priority: largest first, later-ready first among equals
+        self.priority = sorted(range(len(self.buckets)),
+                               key=lambda i: (-self.buckets[i].numel, -self.buckets[i].ready, i))
+
+    # -- evaluation ----------------------------------------------------------------------------------------
+    def costs_of(self, assign: Sequence[int]) -> list[Cost]:
+        return [b.costs[j] for b, j in zip(self.buckets, assign)]
+
+    def estimate(self, assign: Sequence[int]) -> tuple[float, float]:
+        end, total, _, _ = self.timeline.run(self.costs_of(assign))
+        return end, total
+
+    def uniform(self, strategy: str, codec: Codec, rule: Any) -> list[int] | None:
+        """One option for every bucket: ``rule`` is ``"default"`` or a partition count (clipped per bucket)."""
+        assign = []
+        for b in self.buckets:
+            ks = [k for (s, c, k) in b.index if s == strategy and c == str(codec)]
+            if not ks:
+                return None
+            if rule == "default":
+                k = effective_partitions(BucketChoice(strategy=strategy), self.workers, b.numel)
+                if (strategy, str(codec), k) not in b.index:
+                    k = min(ks, key=lambda x: abs(x - k))
+            else:
+                k = max([x for x in ks if x <= rule], default=min(ks))
+            assign.append(b.index[(strategy, str(codec), k)])
+        return assign
+
+    def hidden(self, b: int, fins: list[float]) -> float | None:
+        """Seconds bucket ``b`` finishes before the next gradient is ready, if it hides in that bubble."""
+        i = self.timeline.pos[b]
+        if i + 1 >= len(self.buckets):
+            return None
+        nxt = self.buckets[self.timeline.order[i + 1]].ready
+        slack = nxt - fins[b]
+        return slack if slack >= 0 else None
+
+    # -- search ---------------------------------------------------------------------------------------------
+    def greedy(self, assign: list[int], *, skip_hidden: bool, passes: int = 4) -> list[int]:
+        """Espresso's greedy: visit buckets by priority, keep the option that lowers the estimate most."""
+        assign = list(assign)
+        for _ in range(passes):
+            changed = False
+            for b in self.priority:
+                costs = self.costs_of(assign)
+                end, total, fins, states = self.timeline.run(costs)
+                if skip_hidden and self.hidden(b, fins) is not None:
+                    continue
+                ends, totals = self.timeline.batch(states, b, self.buckets[b].stack, costs)
+                best = assign[b]
+                for j in np.lexsort((totals, ends))[:1]:
+                    if better((float(ends[j]), float(totals[j])), (end, total)):
+                        best = int(j)
+                if best != assign[b]:
+                    assign[b] = best
+                    changed = True
+            if not changed:
+                break
+        return assign
+
+    def simplify(self, assign: list[int]) -> list[int]:
+        """Where the baseline codec (no compression) estimates as good, use it: compress only where it pays."""
+        assign = list(assign)
+        for b in self.priority:
+            bucket = self.buckets[b]
+            if assign[b] in bucket.baseline:
+                continue
+            costs = self.costs_of(assign)
+            end, total, _, states = self.timeline.run(costs)
+            ends, totals = self.timeline.batch(states, b, bucket.stack, costs)
+            base = min(bucket.baseline, key=lambda j: (ends[j], totals[j]))
+            if ends[base] <= end + min_gain(end):
+                assign[b] = int(base)
+        return assign
+
+    def notes(self, assign: list[int]) -> list[str]:
+        """Why each bucket has its option: the predicted gain against the best baseline-codec option."""
+        costs = self.costs_of(assign)
+        end, total, fins, states = self.timeline.run(costs)
+        out = []
+        base_name = str(self.base_codec)
+        verb = "compressing" if base_name == "none" else "another codec"
+        for b, bucket in enumerate(self.buckets):
+            opt = bucket.options[assign[b]]
+            ends, _ = self.timeline.batch(states, b, bucket.stack, costs)
+            others = [j for j in range(len(bucket.options)) if j not in bucket.baseline]
+            slack = self.hidden(b, fins)
+            if assign[b] in bucket.baseline:
+                if slack is not None:
+                    out.append(f"hidden in bubble ({slack * 1e3:.1f} ms to spare)")
+                elif not others:
+                    out.append(f"{base_name}: the only codec candidate")
+                else:
+                    best = min(others, key=lambda j: ends[j])
+                    extra = float(ends[best]) - end
+                    if self._small(bucket):
+                        out.append(f"small: kept {'uncompressed' if base_name == 'none' else base_name}")
+                    elif extra > 5e-5:
+                        out.append(f"{base_name}: {verb} adds {extra * 1e3:.1f} ms")
+                    else:
+                        out.append(f"{base_name}: {verb} saves nothing")
+            else:
+                best_base = min(bucket.baseline, key=lambda j: ends[j]) if bucket.baseline else None
+                if best_base is None:
+                    out.append(f"{opt.codec}: best of the candidates")
+                else:
+                    gain = float(ends[best_base]) - end
+                    note = f"{opt.codec}: {-gain * 1e3:+.1f} ms vs {base_name}"
+                    if slack is not None:
+                        note += " (hidden in bubble)"
+                    out.append(note)
+        return out
+
+    def _never_pays(self, bucket: PlanBucket) -> bool:
+        """HiPress's selective compression: in isolation, no compressed option beats the best uncompressed."""
+        base = min(bucket.costs[j].L for j in bucket.baseline)
+        comp = [c.L for j, c in enumerate(bucket.costs) if j not in bucket.baseline]
+        return bool(comp) and min(comp) >= base
+
+    def _small(self, bucket: PlanBucket) -> bool:
+        return bucket.numel * 4 <= SMALL_BYTES and self._never_pays(bucket)
+
+    def table(self, assign: Sequence[int]) -> OpTable:
+        """The simulator's op table of the plan ``assign`` stands for, glued from per-bucket fragments: each
+        distinct (bucket size, option) is expanded once per planning call, however many candidates use it."""
+        return OpTable.concat([(self._fragment(b, j), b.name, index)
+                               for index, (b, j) in enumerate(zip(self.buckets, assign))])
+
+    def _fragment(self, bucket: PlanBucket, j: int) -> OpTable:
+        o = bucket.options[j]
+        key = (bucket.numel, o.strategy, str(o.codec), o.partitions)
+        frag = self._fragments.get(key)
+        if frag is None:
+            choice = BucketChoice(strategy=o.strategy, codec=o.codec, partitions=o.partitions,
+                                         two_way=self.two_way, servers=None)
+            plan = assemble_plan(bucket.group, self.workers, [(bucket.name, bucket.group)], [choice],
+                                        error_feedback=self.error_feedback, op=self.op)
+            frag = self._fragments[key] = OpTable.from_graph(plan.graph)
+            frag.durations(self.profile)
+        return frag
+
+    def choices(self, assign: list[int], notes: list[str]) -> list[BucketChoice]:
+        return [BucketChoice(strategy=o.strategy, codec=o.codec, partitions=o.partitions,
+                                    two_way=self.two_way, servers=None, note=note)
+                for o, note in zip((b.options[j] for b, j in zip(self.buckets, assign)), notes)]

@@ -1,0 +1,235 @@
+"""The Ray layer every Ray-backed engine shares: connecting, placing actors, mapping failures, releasing.
+
+``connect_ray`` joins or starts Ray (an embedded one bound to 127.0.0.1 by default); :class:`ActorGroup`
+places one actor per plan actor in a placement group (``"spread"`` over nodes or ``"pack"``), waits for
+results within a timeout and turns Ray's failures into casync's typed errors
+(:class:`~casync.errors.SyncTimeoutError`, :class:`~casync.errors.WorkerLostError`, naming the dead
+actors), and releases actors, placement group and (if it started it) Ray together.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+
+#: CPUs an actor reserves by default: a nominal share, so placement (spread/pack) matters, not CPU accounting
+DEFAULT_CPUS_PER_ACTOR = 0.1
+
+
+@contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Keep an embedded Ray on 127.0.0.1.
+
+    On Linux, Ray 2.60 rewrites ``_node_ip_address="127.0.0.1"`` to the routable address and listens on
+    every interface unless its multi-node mode is off (the mode it uses by default on macOS/Windows).
+    Flipping that flag is the only switch Ray offers after import; restored afterwards.
+    """
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # a future Ray without the flag: nothing to flip
+        yield
+        return
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    if saved is None:
+        yield
+        return
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def connect_ray(address: str | None, num_cpus: int | None = None, object_store_memory: int | None = None) -> bool:
+    """Make sure Ray is up; returns True when this call started it (so the caller should stop it).
+
+    ``address=None``: reuse a Ray already initialised in this process, else start an embedded local Ray
+    bound to 127.0.0.1.  ``"auto"``, ``"ray://host:port"`` or ``RAY_ADDRESS``: join that cluster.
+    """
+    if ray.is_initialized():
+        _check_same_cluster(address)
+        return False
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        with _loopback_only():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=object_store_memory, log_to_driver=False, configure_logging=False)
+        return True
+    _check_reachable(address)
+    ray.init(address=address, log_to_driver=False, configure_logging=False)
+    return True if address.startswith("ray://") else False
+
+
+@contextmanager
+def ray_session(address: str | None, num_cpus: int | None = None) -> Iterator[None]:
+    """Ray up for the duration of the block: joined or started as :func:`connect_ray` does, and stopped at
+    the end only if this block started it."""
+    started = connect_ray(address, num_cpus=num_cpus)
+    try:
+        yield
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
+
+
+def _check_same_cluster(address: str | None) -> None:
+    """An explicit ``host:port`` must be the cluster this process already joined (else it would silently run
+    on the wrong one); ``None``, ``"auto"`` and ``ray://`` addresses reuse what is there."""
+    if not address or address == "auto" or "://" in address:
+        return
+    port = address.rpartition(":")[2]
+    current = ray.get_runtime_context().gcs_address
+    if port != current.rpartition(":")[2]:
+        raise ValueError(f"this process is already connected to the Ray cluster at {current}; it cannot also join "
+                         f"{address!r} (call ray.shutdown() first)")
+
+
+def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast (ConnectionError) when nothing listens at an explicit ``host:port`` or ``ray://host:port``:
+    ``ray.init`` would otherwise retry for minutes.  ``"auto"`` and other forms are left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ConnectionError(f"no Ray cluster reachable at {address!r} ({exc}); start one with `ray start "
+                              "--head` or check the address") from None
+
+
+def positive_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and bool(np.isfinite(value)) and value > 0)
+
+
+def release(actors: Any, pg: Any, owns_ray: bool) -> None:
+    """Kill ``actors``, remove placement group ``pg`` (None: none) and stop Ray if the caller started it;
+    what is already gone is skipped (engines call this from ``close()``)."""
+    for handle in actors:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # already dead
+            pass
+    if pg is not None:
+        try:
+            remove_placement_group(pg)
+        except Exception:
+            pass
+    if owns_ray and ray.is_initialized():
+        ray.shutdown()
+
+
+def dead_actors(actors: Mapping[str, Any], ping: str) -> list[str]:
+    """Names of ``actors`` whose ``ping`` method fails, pinged all at once (a busy survivor costs at most
+    2 s, not 2 s each)."""
+    pings = {name: getattr(handle, ping).remote() for name, handle in actors.items()}
+    ready, _ = ray.wait(list(pings.values()), num_returns=len(pings), timeout=2.0)
+    dead = []
+    for name, ref in pings.items():
+        if ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:
+                dead.append(name)
+    return dead
+
+
+def get_or_fail(refs: list[Any], what: str, timeout_s: float, deadline: float | None, fail: Any,
+                actors: Mapping[str, Any], ping: str) -> list[Any]:
+    """``ray.get`` within ``timeout_s`` (or until ``deadline``, a ``time.monotonic()``): a timeout or a lost
+    actor calls ``fail(reason)`` and raises :class:`SyncTimeoutError` / :class:`WorkerLostError` naming the
+    dead actors; a failed task's ``RayTaskError`` is the caller's to map."""
+    timeout = timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+    try:
+        return ray.get(refs, timeout=timeout)
+    except GetTimeoutError:
+        fail(f"timed out after {timeout_s:.0f}s while {what}")
+        raise SyncTimeoutError(f"{what}: no result within timeout_s={timeout_s:.0f}s") from None
+    except RayActorError as exc:
+        lost = dead_actors(actors, ping)
+        fail(f"actor(s) {lost or '?'} lost while {what}")
+        raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
+
+
+
+class ActorGroup:
+    """The actors of one engine, in one placement group; ``get`` maps failures and marks the group broken.
+
+    ``ping``: a cheap method every actor has (used to tell which actors died).  ``on_fail(reason)`` is
+    called once per failure before the typed error is raised (engines use it to drop half-done steps).
+    """
+
+    def __init__(self, address: str | None, timeout_s: float, *, ping: str = "pid", num_cpus: int | None = None,
+                 on_fail: Callable[[str], None] | None = None):
+        self.timeout_s = float(timeout_s)
+        self.ping = ping
+        self.on_fail = on_fail
+        self.handles: dict[str, Any] = {}
+        self.broken: str | None = None
+        self.closed = False
+        self.pg = None
+        self.owns_ray = connect_ray(address, num_cpus=num_cpus)
+
+    def place(self, cpus: list[float], placement: str, hint: str = "") -> None:
+        """Reserve one bundle per actor (``"spread"`` over nodes or ``"pack"``) within the timeout."""
+        if placement not in ("spread", "pack"):
+            raise ValueError(f"placement must be 'spread' or 'pack', got {placement!r}")
+        self.pg = placement_group([{"CPU": c} for c in cpus], strategy="SPREAD" if placement == "spread" else "PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=self.timeout_s)
+        except GetTimeoutError:
+            raise SyncTimeoutError(f"placement group of {len(cpus)} actors ({sum(cpus):g} CPUs) not ready in "
+                                   f"{self.timeout_s:.0f}s; cluster resources: {ray.cluster_resources()}"
+                                   + (f"; {hint}" if hint else "")) from None
+
+    def start(self, name: str, remote_cls: Any, bundle: int, cpus: float, *args: Any, **options: Any) -> Any:
+        """Start actor ``name`` of ``remote_cls`` in bundle ``bundle``; no restarts, no retries (a lost actor
+        is an error the engine reports, never a silent replay)."""
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=bundle)
+        self.handles[name] = remote_cls.options(num_cpus=cpus, scheduling_strategy=strategy, max_restarts=0,
+                                                max_task_retries=0, **options).remote(*args)
+        return self.handles[name]
+
+    def get(self, refs: list[Any], what: str, deadline: float | None = None) -> list[Any]:
+        """``ray.get`` within the timeout; a stall or a lost actor marks the group broken and raises."""
+        return get_or_fail(refs, what, self.timeout_s, deadline, self.fail, self.handles, self.ping)
+
+    def fail(self, reason: str) -> None:
+        self.broken = reason
+        if self.on_fail is not None:
+            self.on_fail(reason)
+
+    def check_usable(self, what: str, rebuild: str) -> None:
+        if self.closed:
+            raise SyncError(f"this {what} is closed")
+        if self.broken:
+            raise SyncError(f"this {what} is unusable after an earlier failure ({self.broken}); {rebuild}")
+
+    def close(self) -> None:
+        """Kill the actors, release the placement group, and stop Ray if this group started it."""
+        if self.closed:
+            return
+        self.closed = True
+        release(self.handles.values(), self.pg, self.owns_ray)
+        self.handles = {}
+
+    def __del__(self) -> None:
+        """Best effort for a forgotten engine that joined a running Ray: free its actors.  One that started
+        Ray does not stop it from a finalizer (unsafe at interpreter exit; Ray goes with the process)."""
+        try:
+            if not self.closed and ray.is_initialized() and not self.owns_ray:
+                self.close()
+        except Exception:
+            pass

@@ -1,0 +1,126 @@
+"""``GraphBuilder``: adds primitive nodes with consistent ids and attributes (see ``primitives.ir``) to a DiGraph.
+
+Strategies describe a bucket's sync through it: ``encode``, ``decode``, ``merge`` and ``transfer`` (a send on
+one actor and its recv on another).  Node ids read like paths: ``"<bucket>/p<part>/<actor>/<op>[.<tag>]"``.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from primitives.codecs import Codec, get_codec
+from primitives.ir import OPS
+
+if TYPE_CHECKING:
+    from .base import Unit
+
+IDENTITY = get_codec("none")
+
+
+def stable_hash(text: str) -> int:
+    """A process-independent 63-bit hash (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+
+
+class GraphBuilder:
+    """Builds one plan graph; ``codecs`` maps the string stored in each node's ``codec`` attribute to the codec."""
+
+    def __init__(self, graph: nx.DiGraph | None = None):
+        self.graph = graph if graph is not None else nx.DiGraph()
+        self.codecs: dict[str, Codec] = {}
+        self._wire: dict[tuple[str, int], int] = {}
+
+    def wire_nbytes(self, key: str, n: int) -> int:
+        """``compressed_nbytes`` of codec ``key`` for ``n`` elements (memoized: a plan asks for few sizes)."""
+        size = self._wire.get((key, n))
+        if size is None:
+            size = self._wire[(key, n)] = self.codecs[key].compressed_nbytes(n)
+        return size
+
+    def codec_key(self, codec: Codec) -> str:
+        key = str(codec)
+        self.codecs.setdefault(key, codec)
+        return key
+
+    def add(self, unit: Unit, part: int, actor: str, op: str, tag: str = "", **attrs) -> str:
+        """A node of primitive ``op`` on ``actor`` for partition ``part`` of ``unit``'s bucket."""
+        assert op in OPS, op
+        start, stop = unit.partitions[part]
+        node = f"{unit.bucket}/p{part}/{actor}/{op}" + (f".{tag}" if tag else "")
+        if node in self.graph:
+            raise ValueError(f"duplicate plan node {node!r}")
+        self.graph.add_node(node, op=op, actor=actor, bucket=unit.bucket, part=part, numel=stop - start,
+                            priority=unit.priority, **attrs)
+        return node
+
+    def connect(self, src: str, dst: str, slot: int = 0) -> None:
+        """A data dependency; ``slot`` orders the inputs of a merge."""
+        self.graph.add_edge(src, dst, slot=slot)
+
+    def encode(self, unit: Unit, part: int, actor: str, *, src: str | None, codec: Codec | None = None,
+               ef_role: str | None = None, tag: str = "") -> str:
+        """Encode ``src``'s dense output (or, with ``src=None``, the actor's local gradient part)."""
+        codec = codec or unit.codec
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        use_ef = ef_role is not None and unit.ef and codec is unit.codec
+        node = self.add(unit, part, actor, "encode", tag, codec=self.codec_key(codec), nbytes=4 * n,
+                        local_input=src is None, ef=use_ef,
+                        ef_key=f"{ef_role}/{unit.bucket}/{part}" if use_ef else None)
+        self.graph.nodes[node]["seed_key"] = stable_hash(node)
+        if src is not None:
+            self.connect(src, node)
+        return node
+
+    def decode(self, unit: Unit, part: int, actor: str, payload: str, *, codec_of: str, output: bool = False,
+               tag: str = "") -> str:
+        """Decode the payload produced by node ``payload`` (whose encode node is ``codec_of``)."""
+        key = self.graph.nodes[codec_of]["codec"]
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        node = self.add(unit, part, actor, "decode", tag, codec=key, nbytes=self.wire_nbytes(key, n), output=output)
+        self.connect(payload, node)
+        return node
+
+    def merge(self, unit: Unit, part: int, actor: str, inputs: list[str], *, local_slot: int | None,
+              divisor: int = 1, output: bool = False, tag: str = "") -> str:
+        """Sum ``inputs`` (and the local gradient at position ``local_slot``) in that fixed order."""
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        total = len(inputs) + (local_slot is not None)
+        node = self.add(unit, part, actor, "merge", tag, nbytes=4 * n * total, local_input=local_slot is not None,
+                        local_slot=local_slot, divisor=divisor, output=output)
+        slots = [i for i in range(total) if i != local_slot]
+        for src, slot in zip(inputs, slots):
+            self.connect(src, node, slot)
+        return node
+
+    def transfer(self, unit: Unit, part: int, payload: str, src: str, dst: str, *, codec_of: str,
+                 stage: str, round: int | None = None) -> str:
+        """Move ``payload`` from actor ``src`` to ``dst`` as a send/recv pair; returns the recv node.
+
+        ``round``: the send's place in a shifted exchange (see ``primitives.ir``)."""
+        key = self.graph.nodes[codec_of]["codec"]
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        wire = self.wire_nbytes(key, n)
+        send = self.add(unit, part, src, "send", f"{stage}.to.{dst}", nbytes=wire, peer=dst, codec=key, stage=stage)
+        recv = self.add(unit, part, dst, "recv", f"{stage}.from.{src}", nbytes=wire, peer=src, codec=key,
+                        stage=stage)
+        if round is not None:
+            self.graph.nodes[send]["round"] = round
+        self.connect(payload, send)
+        self.connect(send, recv)
+        return recv
+
+    def self_transfer(self, unit: Unit, part: int, payload: str, me: str, to: str, came_from: str, codec_of: str,
+                      stage: str) -> str:
+        """For symmetric templates: a send from ``me`` to ``to`` whose symmetric twin arrives at ``me`` from
+        ``came_from`` (both ops stay on ``me``; the send names the real peer, so the link is charged)."""
+        key = self.graph.nodes[codec_of]["codec"]
+        n = unit.partitions[part][1] - unit.partitions[part][0]
+        wire = self.wire_nbytes(key, n)
+        send = self.add(unit, part, me, "send", f"{stage}.to.{to}", nbytes=wire, peer=to, codec=key, stage=stage)
+        recv = self.add(unit, part, me, "recv", f"{stage}.from.{came_from}", nbytes=wire, peer=came_from, codec=key,
+                        stage=stage)
+        self.connect(payload, send)
+        self.connect(send, recv)
+        return recv

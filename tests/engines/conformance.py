@@ -1,0 +1,67 @@
+"""The conformance check every engine must pass, and the engines it runs on (a new engine adds one entry).
+
+An engine conforms when, for the same plan, inputs and steps (error feedback carried between them):
+its results are bit for bit LocalEngine's, every worker holds bit-identical results, with a lossless
+codec they equal the exact mean, and its state_dict (residuals and step) equals LocalEngine's.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+import casync
+
+SHAPES = {"w": (37, 11), "b": (11,), "tail": (3,), "big": (5000,)}
+
+
+@contextmanager
+def _local(plan: casync.SyncPlan) -> Iterator[Any]:
+    with casync.LocalEngine(plan) as engine:
+        yield engine
+
+
+@contextmanager
+def _ray_objectstore(plan: casync.SyncPlan) -> Iterator[Any]:
+    from casync.runtime.ray_engine import RayEngine
+
+    with RayEngine(plan, timeout_s=60) as engine:
+        yield engine
+
+
+#: engine name -> (context manager making the engine for a plan, needs Ray)
+ENGINES: dict[str, tuple[Callable[[casync.SyncPlan], Any], bool]] = {
+    "local": (_local, False),
+    "ray-objectstore": (_ray_objectstore, True),
+}
+
+
+def step_grads(workers: int, step: int, shapes: dict = SHAPES) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1000 + step)
+    return [{n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()} for _ in range(workers)]
+
+
+def check_conformance(plan: casync.SyncPlan, make_engine: Callable[[casync.SyncPlan], Any], steps: int = 3) -> None:
+    """Run ``steps`` syncs on the engine and on LocalEngine; assert the contract (see the module docstring)."""
+    reference = casync.LocalEngine(plan)
+    with make_engine(plan) as engine:
+        for step in range(steps):
+            grads = step_grads(plan.workers, step, {t.name: t.shape for t in plan.tensors})
+            want = reference.sync(grads)
+            got = engine.sync(grads)
+            for w in range(plan.workers):
+                for name in want[w]:
+                    assert np.array_equal(got[w][name], want[w][name]), \
+                        f"step {step}, worker {w}, {name}: differs from LocalEngine"
+                    assert np.array_equal(got[w][name], got[0][name]), f"step {step}: worker {w} != worker 0 ({name})"
+            if all(b.codec.lossless for b in plan.buckets):
+                scale = plan.workers if plan.options.get("op", "mean") == "mean" else 1
+                for name in want[0]:
+                    exact = np.sum([g[name] for g in grads], axis=0, dtype=np.float64) / scale
+                    np.testing.assert_allclose(got[0][name], exact, rtol=1e-5, atol=1e-5)
+        state, ref_state = engine.state_dict(), reference.state_dict()
+        assert state["step"] == ref_state["step"] == steps
+        assert state["residuals"].keys() == ref_state["residuals"].keys()
+        for key, value in ref_state["residuals"].items():
+            assert np.array_equal(state["residuals"][key], value), f"residual {key} differs from LocalEngine"

@@ -1,0 +1,22 @@
+"""Helpers shared by test modules: gradient factories and the strategy configurations tests sweep."""
+from __future__ import annotations
+
+import numpy as np
+
+# (strategy, extra build_plan options) covering PS co-located/dedicated, one/two-way, ring, all-gather
+STRATEGY_CONFIGS = [
+    ("ring", {}),
+    ("allgather", {}),
+    ("ps", {}),
+    ("ps", {"servers": 2}),
+    ("ps", {"two_way": False}),
+]
+STRATEGY_IDS = ["ring", "allgather", "ps-coloc", "ps-2servers", "ps-oneway"]
+
+ODD_SHAPES = {"scalar": (), "one": (1,), "prime": (7919,), "matrix": (13, 17), "cube": (3, 5, 2), "small": (2,)}
+
+
+def make_grads(shapes: dict, workers: int, seed: int = 0, dtype=np.float32) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
+            for _ in range(workers)]

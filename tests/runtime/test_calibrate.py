@@ -1,0 +1,118 @@
+"""Runtime calibration: the Ray runtime's costs in the profile, what the simulator does with them, fitting."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+import casync
+from casync.runtime.calibrate import fit_runtime, measure_dispatch, measure_timelines, sync_span, task_spans
+from casync.schedule import compile_program
+from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from casync.sim.simulator import simulate
+
+RUNTIME = RuntimeCosts(compute_scale=3.0, task_gap_s=0.004, hop=LinearCost(0.005, 1e-10),
+                       op_scale={"encode:onebit": 5.0})
+
+
+def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
+    profile = Profile.default().with_runtime(RUNTIME)
+    again = Profile.load(profile.save(tmp_path / "p.json"))
+    assert again.runtime == RUNTIME
+    remote = replace(RUNTIME, remote_hop=LinearCost(0.012, 0.0))
+    assert Profile.load(profile.with_runtime(remote).save(tmp_path / "r.json")).runtime == remote
+    assert again.encode_s("onebit", 10**6) == pytest.approx(5.0 * Profile.default().encode_s("onebit", 10**6))
+    assert again.decode_s("onebit", 10**6) == pytest.approx(3.0 * Profile.default().decode_s("onebit", 10**6))
+    assert again.encode_s("onebit", 10**6, runtime=False) == Profile.default().encode_s("onebit", 10**6)
+    old = Profile.default().to_dict()
+    old["version"] = 1
+    (tmp_path / "v1.json").write_text(json.dumps(old))
+    assert Profile.load(tmp_path / "v1.json").runtime is None
+
+
+@pytest.mark.parametrize("runtime,match", [
+    ({"compute_scale": 0, "task_gap_s": 0, "hop": [0, 0]}, "compute_scale"),
+    ({"compute_scale": 1, "task_gap_s": -1, "hop": [0, 0]}, "task_gap_s"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [1]}, "hop"),
+    ({"compute_scale": 1, "task_gap_s": 0}, "hop"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "op_scale": {"merge": "x"}}, "op_scale"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "dispatch_s": -1}, "dispatch_s"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [0.001]}, "remote_hop"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [float("nan"), 0]}, "remote_hop"),
+])
+def test_malformed_runtime_is_rejected(runtime, match):
+    data = Profile.default().to_dict()
+    data["runtime"] = runtime
+    with pytest.raises(ValueError, match=match):
+        Profile.from_dict(data)
+
+
+def test_network_links_cost_bytes_over_bandwidth_plus_latency_not_the_object_store_alpha():
+    plan = casync.build_plan({"w": (1_000_000,)}, workers=2, strategy="ps", servers=1, codec=None)
+    cluster = ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=8, latency_us=100)
+    tl = simulate(plan, cluster)
+    for r in tl.records:
+        if r["op"] == "recv" and r["actor"] == "server:0" and r["bucket"] == "w":
+            sender = plan.graph.nodes[next(plan.graph.predecessors(r["node"]))]["actor"]
+            if sender == "worker:1":  # the worker on the other node
+                assert r["end"] - r["start"] == pytest.approx(4e6 / 1e9 + 100e-6, rel=1e-6)
+                break
+    else:
+        pytest.fail("no cross-node recv found")
+
+
+def test_a_calibrated_runtime_slows_ops_adds_task_gaps_and_hop_latency():
+    plan = casync.build_plan("resnet50", workers=2, strategy="ring", codec="onebit")
+    cluster = ClusterModel(nodes=1, workers_per_node=2)
+    ideal = simulate(plan, cluster, Profile.default())
+    slow = simulate(plan, cluster, Profile.default().with_runtime(RUNTIME))
+    enc = {r["node"]: r["end"] - r["start"] for r in ideal.records if r["op"] == "encode"}
+    enc_slow = {r["node"]: r["end"] - r["start"] for r in slow.records if r["op"] == "encode"}
+    # each encode costs 5x its profiled time, plus the task gap when it opens a fused task
+    o = Profile.default().task_cost_s
+    for node, t in enc.items():
+        assert (enc_slow[node] == pytest.approx(5.0 * t, rel=1e-6)
+                or enc_slow[node] == pytest.approx(5.0 * (t - o) + RUNTIME.task_gap_s, rel=1e-6))
+    # within a node a payload waits the hop latency after the sender's copy into the object store
+    for r in slow.records:
+        if r["op"] == "recv":
+            send = next(x for x in slow.records if x["node"] == next(plan.graph.predecessors(r["node"])))
+            assert r["end"] - send["end"] == pytest.approx(RUNTIME.hop(r["nbytes"]), rel=1e-6)
+            assert send["end"] - send["start"] == pytest.approx(r["nbytes"] / Profile.default().transfer_beta_bps)
+    assert slow.sync_time() > 2 * ideal.sync_time()
+
+
+def test_fit_runtime_reads_measured_timelines(ray_local):
+    plans = [casync.build_plan([("a", (300_000,)), ("b", (200_000,))], workers=2, strategy=s, codec=c)
+             for s, c in (("ring", "onebit"), ("allgather", "topk:ratio=0.01"))]
+    runs = [(p, measure_timelines(p, iters=3)) for p in plans]
+    for plan, steps in runs:
+        assert len(steps) == 3 and all(sync_span(rows) > 0 for rows in steps)
+        spans = task_spans(compile_program(plan), steps[0])
+        assert len(spans) == len(compile_program(plan).tasks)
+        assert all(s.end >= s.start for s in spans)
+        assert any(s.input_ready is not None for s in spans)  # ring hops feed later tasks
+    runtime = fit_runtime(runs, Profile.default(), cores=2)
+    assert runtime.compute_scale >= 1.0 and math.isfinite(runtime.compute_scale)
+    assert 0 <= runtime.task_gap_s < 1.0 and 0 <= runtime.hop.a < 1.0
+    assert runtime.samples["gaps"] > 0 and runtime.samples["hops"] >= 1
+    predicted = simulate(plans[0], ClusterModel(nodes=1, workers_per_node=2, cores_per_node=2),
+                         Profile.default().with_runtime(runtime)).sync_time()
+    assert predicted > simulate(plans[0], ClusterModel(nodes=1, workers_per_node=2, cores_per_node=2)).sync_time()
+    # the same runs read as if each worker had been on its own node: every hop is between nodes, fitted
+    # beyond the link's own time, and a cross-node payload then waits that instead of the local hop
+    two_nodes = ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=10.0, latency_us=50.0)
+    remote = fit_runtime(runs, Profile.default(), cores=2, cluster=two_nodes)
+    assert remote.samples["remote_hops"] == runtime.samples["hops"] and remote.samples["hops"] == 0
+    assert remote.remote_hop is not None and remote.remote_hop.b == 0.0
+    assert 0 <= remote.remote_hop.a < 1.0
+    calibrated = Profile.default().with_runtime(remote)
+    assert calibrated.link_s(1000, False, two_nodes) == pytest.approx((1000 / two_nodes.bytes_per_s,
+                                                                       50e-6 + remote.remote_hop.a))
+    assert calibrated.link_s(1000, True, two_nodes) == (0.0, remote.hop(1000))
+    dispatch = measure_dispatch(iters=3, tensors=8)
+    assert 0 < dispatch < 0.1  # CPU seconds per task of the driver and Ray's processes
+    with pytest.raises(ValueError, match="not enough"):
+        fit_runtime(runs, Profile.default(), cores=0)  # no run is uncontended on zero cores

@@ -1,0 +1,72 @@
+"""Nothing outlives an engine: open/close cycles and many syncs leave no actor, placement group, ObjectRef
+or object-store object behind (benchmarks/soak.py runs the long versions: 10,000 syncs, 100 cycles)."""
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+
+import casync
+from casync.runtime.ray_engine import RayEngine
+from tests import faultkit
+from tests.helpers import make_grads
+
+SHAPES = {"w": (5000,), "b": (50,)}
+
+
+def driver_refs() -> int:
+    """ObjectRefs this process holds (Ray's reference table of the driver)."""
+    import ray
+
+    return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+
+
+def store_objects() -> int:
+    import ray
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    return get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address)).store_stats.num_local_objects
+
+
+def settle(probe, target: int, seconds: float = 10.0) -> int:
+    """Ray frees asynchronously: poll until ``probe()`` is back to ``target`` or the time is up."""
+    deadline = time.monotonic() + seconds
+    value = probe()
+    while value > target and time.monotonic() < deadline:
+        time.sleep(0.05)
+        gc.collect()
+        value = probe()
+    return value
+
+
+def test_open_close_cycles_leave_nothing(ray_local):
+    """10 cycles here (each starts fresh actor processes: seconds on a busy 2-core machine); soak.py runs 100."""
+    plan = casync.build_plan(SHAPES, workers=1, strategy="ps", servers=1, codec="onebit")
+    grads = make_grads(SHAPES, 1)
+    baseline = faultkit.alive_actors(), faultkit.live_placement_groups(), driver_refs(), store_objects()
+    for cycle in range(10):
+        with RayEngine(plan) as engine:
+            assert faultkit.alive_actors() == baseline[0] + 2
+            engine.sync(grads)
+            engine.state_dict()
+        assert settle(faultkit.alive_actors, baseline[0]) == baseline[0], f"cycle {cycle}: actors left alive"
+        assert faultkit.live_placement_groups() == baseline[1], f"cycle {cycle}: placement group left"
+        assert settle(driver_refs, baseline[2]) == baseline[2], f"cycle {cycle}: the driver holds ObjectRefs"
+    assert settle(store_objects, baseline[3]) == baseline[3]
+
+
+def test_many_syncs_hold_no_refs_and_no_store_objects(ray_local):
+    plan = casync.build_plan(SHAPES, workers=3, strategy="ring", codec="topk:ratio=0.1")
+    local = casync.LocalEngine(plan)
+    with RayEngine(plan) as engine:
+        engine.sync(make_grads(SHAPES, 3))
+        local.sync(make_grads(SHAPES, 3))
+        refs, objects = settle(driver_refs, 0), settle(store_objects, 0)
+        for step in range(150):
+            grads = make_grads(SHAPES, 3, seed=step)
+            out, expected = engine.sync(grads), local.sync(grads)
+        np.testing.assert_array_equal(out[2]["w"], expected[2]["w"])
+        assert settle(driver_refs, refs) <= refs
+        assert settle(store_objects, objects) <= objects
+        assert len(engine.timeline()) <= 17 * len(engine.timeline(engine.step - 1))  # bounded history

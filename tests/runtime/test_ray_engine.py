@@ -1,0 +1,130 @@
+"""RayEngine against the LocalEngine reference: bitwise results, overlap, failures, state."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import casync
+from casync.runtime.ray_engine import RayEngine
+from tests.helpers import make_grads
+
+SHAPES = {"w": (2000,), "m": (31, 17), "s": (), "b": (7,)}
+CONFIGS = [
+    ("ring", "onebit", 2, {}),
+    ("ring", "topk:ratio=0.1", 5, {}),
+    ("ring", "none", 3, {}),
+    ("allgather", "randomk:ratio=0.2", 3, {}),
+    ("allgather", "qsgd", 4, {}),
+    ("ps", "terngrad", 3, {}),
+    ("ps", "onebit", 4, {"servers": 2}),
+    ("ps", "fp16", 2, {"servers": 1, "two_way": False}),
+    ("ps", "tbq", 5, {"partitions": 7}),
+]
+
+
+@pytest.mark.parametrize("strategy,codec,workers,extra", CONFIGS,
+                         ids=[f"{s}-{c}-{n}w-{'-'.join(f'{k}{v}' for k, v in e.items())}" for s, c, n, e in CONFIGS])
+def test_bitwise_identical_to_local_engine(ray_local, strategy, codec, workers, extra):
+    plan = casync.build_plan(SHAPES, workers=workers, strategy=strategy, codec=codec, bucket_bytes=2048, **extra)
+    local = casync.LocalEngine(plan)
+    with RayEngine(plan, timeout_s=60) as engine:
+        for step in range(3):  # several steps: error-feedback state must evolve identically
+            grads = make_grads(SHAPES, workers, seed=step)
+            expected, got = local.sync(grads), engine.sync(grads)
+            for w in range(workers):
+                for name in SHAPES:
+                    np.testing.assert_array_equal(got[w][name], expected[w][name], err_msg=f"{name} worker {w}")
+                    assert got[w][name].flags.writeable
+        ray_state, local_state = engine.state_dict(), local.state_dict()
+    assert ray_state["step"] == local_state["step"] == 3
+    assert ray_state["residuals"].keys() == local_state["residuals"].keys()
+    for key, value in local_state["residuals"].items():
+        np.testing.assert_array_equal(ray_state["residuals"][key], value)
+
+
+def test_timeline_shows_overlap_between_tensors(ray_local, tmp_path):
+    """Some op of one tensor runs while an op of another tensor runs on another actor."""
+    shapes = {f"t{i}": (400_000,) for i in range(4)}
+    plan = casync.build_plan(shapes, workers=4, strategy="ring", codec="onebit", bucket_bytes=0)
+    grads = make_grads(shapes, 4)
+    with RayEngine(plan) as engine:
+        engine.sync(grads)
+        rows = [r for r in engine.timeline() if r["op"] in ("encode", "decode", "merge")]
+        png = engine.draw_timeline(str(tmp_path / "gantt.png"))
+    assert {r["op"] for r in engine.timeline()} >= {"load", "encode", "decode", "merge", "send", "recv"}
+    overlapping = [(a, b) for a in rows for b in rows
+                   if a["actor"] != b["actor"] and a["bucket"] != b["bucket"]
+                   and a["start"] < b["end"] and b["start"] < a["end"]]
+    assert overlapping, "no two tensors' compute ops overlapped across actors"
+    assert open(png, "rb").read(4) == b"\x89PNG"
+    # each compute op's own CPU time (what calibration scales by) fits inside its wall time
+    assert all(0 <= r["cpu"] <= r["end"] - r["start"] + 1e-3 for r in rows) and sum(r["cpu"] for r in rows) > 0
+
+
+def test_torch_in_torch_out(ray_local):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(5, 3)
+    plan = casync.build_plan(model, workers=2, strategy="ring", codec="none")
+    grads = [{n: torch.full_like(p, float(r)) for n, p in model.named_parameters()} for r in range(2)]
+    with RayEngine(plan) as engine:
+        out = engine.sync(grads)
+    assert isinstance(out[1]["weight"], torch.Tensor)
+    torch.testing.assert_close(out[1]["weight"], torch.full((3, 5), 0.5))
+
+
+def test_bad_input_rejected_before_submission_engine_stays_usable(ray_local):
+    plan = casync.build_plan({"a": (10,)}, workers=2, strategy="ring", codec="onebit")
+    with RayEngine(plan) as engine:
+        with pytest.raises(ValueError, match="worker 1.*'a'.*shape"):
+            engine.sync([{"a": np.zeros(10, np.float32)}, {"a": np.zeros(11, np.float32)}])
+        out = engine.sync(make_grads({"a": (10,)}, 2))
+        assert engine.step == 1 and out[0]["a"].shape == (10,)
+
+
+def test_killed_worker_raises_typed_error_and_resume_from_state(ray_local):
+    import ray
+
+    shapes = {"a": (5000,), "b": (300,)}
+    plan = casync.build_plan(shapes, workers=3, strategy="ring", codec="onebit")
+    steps = [make_grads(shapes, 3, seed=s) for s in range(4)]
+    reference = casync.LocalEngine(plan)
+    expected = [reference.sync(g) for g in steps]
+
+    engine = RayEngine(plan, timeout_s=20)
+    try:
+        engine.sync(steps[0])
+        engine.sync(steps[1])
+        checkpoint = engine.state_dict()
+        ray.kill(engine.actors["worker:1"], no_restart=True)
+        t0 = time.monotonic()
+        with pytest.raises(casync.WorkerLostError, match="worker:1"):
+            engine.sync(steps[2])
+        assert time.monotonic() - t0 < 20
+        assert issubclass(casync.WorkerLostError, casync.SyncError)
+        with pytest.raises(casync.SyncError, match="unusable"):
+            engine.sync(steps[2])
+    finally:
+        engine.close()
+    with RayEngine(plan, timeout_s=20) as fresh:
+        fresh.load_state_dict(checkpoint)
+        for i in (2, 3):
+            out = fresh.sync(steps[i])
+            for name in shapes:
+                np.testing.assert_array_equal(out[2][name], expected[i][2][name])
+
+
+def test_engine_reuses_running_ray_and_leaves_it_up(ray_local):
+    plan = casync.build_plan({"a": (10,)}, workers=2)
+    with RayEngine(plan):
+        pass
+    assert ray_local.is_initialized()
+
+
+def test_embedded_ray_is_bound_to_loopback(ray_local):
+    """The embedded Ray (address=None) advertises and serves on 127.0.0.1 only."""
+    import ray
+
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    assert {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]} == {"127.0.0.1"}

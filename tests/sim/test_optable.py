@@ -1,0 +1,128 @@
+"""The simulator's op tables: one per assembled plan, or glued from the planner's per-bucket fragments."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import casync
+from casync.plan.assemble import assemble_plan
+from casync.plan.tensors import tensor_specs
+from casync.planner import Planner, backward_ready_times
+from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from casync.sim.optable import OpTable
+from casync.sim.simulator import run_table, simulate
+from primitives.codecs import get_codec
+
+CALIBRATED = Profile.default().with_runtime(RuntimeCosts(
+    compute_scale=3.0, task_gap_s=0.002, hop=LinearCost(0.004, 1e-10), dispatch_s=0.0005,
+    remote_hop=LinearCost(0.006, 2e-10)))
+
+
+def _planner(model, workers, cluster, profile, ready=None):
+    codecs = [get_codec(c) for c in ("none", "fp16", "onebit", "topk:ratio=0.01")]
+    return Planner(tensor_specs(model), workers, cluster, profile, strategies=("ring", "ps", "allgather"),
+                   codecs=codecs, partitions="auto", bucket_bytes=1 << 20, ready_times=ready, two_way=True,
+                   error_feedback=True)
+
+
+@pytest.mark.parametrize("cluster,profile,backward_s", [
+    (ClusterModel.for_workers(4, bandwidth_gbps=10), Profile.default(), 0.0),
+    (ClusterModel(nodes=2, workers_per_node=2, bandwidth_gbps=1, cores_per_node=2), CALIBRATED, 0.02),
+    (ClusterModel(nodes=4, workers_per_node=1, bandwidth_gbps=1, host_cores=2, compute_lanes=2), CALIBRATED, 0.0),
+])
+def test_fragment_tables_simulate_exactly_like_the_assembled_plan(cluster, profile, backward_s):
+    """What the planner simulates (per-bucket fragments, glued) is what simulate() gives on the plan it returns:
+    the same op records, times, critical path and link bytes, for mixed strategies, codecs and partitions."""
+    ready = backward_ready_times("resnet50", backward_s) if backward_s else None
+    planner = _planner("resnet50", 4, cluster, profile, ready)
+    rng = random.Random(7)
+    for _ in range(4):
+        assign = [rng.randrange(len(b.options)) for b in planner.buckets]
+        plan = assemble_plan(planner.specs, 4, planner.groups, planner.choices(assign, [""] * len(assign)))
+        expected = simulate(plan, cluster, profile, ready)
+        got = run_table(planner.table(assign), cluster, profile, {b.name: b.ready for b in planner.buckets})
+        assert got.iteration_time == expected.iteration_time
+        assert got.records == expected.records
+        assert got.critical_path == expected.critical_path
+        assert got.bytes_per_link == expected.bytes_per_link and got.lanes == expected.lanes
+        fast = run_table(planner.table(assign), cluster, profile, {b.name: b.ready for b in planner.buckets},
+                         records=False)
+        assert fast.iteration_time == expected.iteration_time and fast.records == []
+    # a fragment is built once per (bucket size, option), however many buckets and candidates use it
+    sizes = {(b.numel, b.options[j].strategy, str(b.options[j].codec), b.options[j].partitions)
+             for b in planner.buckets for j in range(len(b.options))}
+    assert len(planner._fragments) <= len(sizes)
+
+
+def test_planner_reports_what_simulate_gives_on_its_plan():
+    cl = ClusterModel.for_workers(8, bandwidth_gbps=10)
+    plan = casync.build_plan("bert-base", workers=8, strategy="auto", codec="auto", partitions="auto", cluster=cl)
+    info = plan.options["planner"]
+    assert info["simulated_s"] == simulate(plan, cl).iteration_time
+    assert info["candidates"][0]["simulated_s"] <= info["simulated_s"] + 1e-12
+    assert [c["simulated_s"] for c in info["candidates"]] == sorted(c["simulated_s"] for c in info["candidates"])
+    assert info["simulations"] >= len(info["candidates"]) >= 1  # refining runs are not candidates
+
+
+def test_table_rows_follow_the_graph():
+    plan = casync.build_plan("tiny", workers=3, strategy="ps", codec="onebit")
+    table = OpTable.from_graph(plan.graph)
+    assert table.names == list(plan.graph)
+    assert sorted(table.rank) == list(range(len(table)))
+    assert [table.names[i] for i in sorted(range(len(table)), key=table.rank.__getitem__)] == sorted(plan.graph)
+    for i, name in enumerate(table.names):
+        assert {table.names[s] for s in table.succ[i]} == set(plan.graph.successors(name))
+        assert table.npred[i] == plan.graph.in_degree(name)
+        assert table.actors[table.actor[i]] == plan.graph.nodes[name]["actor"]
+
+
+def test_concat_refuses_shared_priorities_and_multi_bucket_fragments():
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="none", bucket_bytes=0)
+    whole = OpTable.from_graph(plan.graph)
+    assert len(whole.buckets) > 1
+    single = OpTable.from_graph(casync.build_plan({"x": (100,)}, workers=2, strategy="ring").graph)
+    with pytest.raises(ValueError, match="distinct priority"):
+        OpTable.concat([(single, "a", 0), (single, "b", 0)])
+    with pytest.raises(ValueError, match="one bucket"):
+        OpTable.concat([(whole, "a", 0)])
+
+
+def test_unknown_ops_are_named():
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="none")
+    node = next(iter(plan.graph))
+    plan.graph.nodes[node]["op"] = "teleport"
+    with pytest.raises(ValueError, match="teleport"):
+        OpTable.from_graph(plan.graph)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_planning_leaves_garbage_collection_as_it_found_it(enabled):
+    """The planner pauses the cyclic collector while it works, and restores it, even when planning fails."""
+    import gc
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        casync.build_plan("tiny", workers=2, strategy="auto", codec="auto")
+        assert gc.isenabled() is enabled
+        with pytest.raises(ValueError, match="ready_times"):
+            casync.build_plan("tiny", workers=2, strategy="auto", codec="auto", ready_times={"nope": 1.0})
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
+def test_simulator_names_broken_graphs():
+    """Hand-edited plans: a cycle, or a send that does not feed exactly one recv, is a clear error, not a hang."""
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="none", partitions=1)
+    send = next(n for n, op in plan.graph.nodes(data="op") if op == "send")
+    recv = next(iter(plan.graph.successors(send)))
+    plan.graph.add_edge(send, next(n for n, op in plan.graph.nodes(data="op") if op == "decode" and n != recv))
+    with pytest.raises(ValueError, match=f"{send}.*exactly one recv"):
+        simulate(plan)
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="none", partitions=1)
+    first, last = next(iter(plan.graph)), list(plan.graph)[-1]
+    plan.graph.add_edge(last, first)
+    with pytest.raises(ValueError, match="cycle"):
+        simulate(plan)

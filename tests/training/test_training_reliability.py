@@ -1,0 +1,260 @@
+"""casync.Trainer when things go wrong: NaN/Inf in one worker's gradient under each ``nonfinite`` mode, bad
+input to the Trainer, and a worker killed mid-fit followed by a bit-identical resume from the checkpoint."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+ray = pytest.importorskip("ray")
+
+import ray.cloudpickle  # noqa: E402
+
+import casync  # noqa: E402
+from casync.datasets.digits import SGD, DigitsData, DigitsMLP, cross_entropy  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+# functions defined here travel to the worker actors by value (this module is not importable there)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SMALL = DigitsMLP((64, 24, 10))  # parameters '1.weight', '1.bias', '3.weight', '3.bias'
+CPUS = 0.25
+POISONED = "3.bias"
+
+
+@dataclass(frozen=True)
+class PoisonedDigits:
+    """Digits shards whose batches carry a third item, ``poison``: 0, except on worker ``rank``'s batch number
+    ``index`` of each epoch, where it is ``value`` (NaN or Inf)."""
+
+    rank: int
+    index: int
+    value: float
+
+    def __call__(self, rank, world_size):
+        x, y = DigitsData(batch_size=128, shuffle=False).train
+        shard = np.arange(rank, len(y), world_size)
+        batches = []
+        for i, start in enumerate(range(0, len(shard) - 127, 128)):
+            rows = shard[start:start + 128]
+            poison = self.value if (rank, i) == (self.rank, self.index) else 0.0
+            batches.append((torch.from_numpy(x[rows]), torch.from_numpy(y[rows]), torch.tensor(poison)))
+        return batches
+
+
+def poisoned_loss(model, batch):
+    """Cross-entropy, plus ``poison * sum(last bias)``: only that bias's gradient turns NaN/Inf."""
+    x, y, poison = batch
+    return cross_entropy(model, (x, y)) + (model[3].bias * poison).sum()
+
+
+def trainer_for(mode, value, **kw):
+    return casync.Trainer(SMALL, SGD(lr=0.1, momentum=0.9), poisoned_loss, PoisonedDigits(1, 2, value), workers=2,
+                          codec="onebit", nonfinite=mode, progress=False, timeout_s=60, cpus_per_worker=CPUS, **kw)
+
+
+def worker_states(trainer):
+    """Every worker's parameters, optimizer momentum and error-feedback residuals, as NumPy."""
+    out = []
+    for state in trainer._engine.call("export_state", True):
+        momentum = {k: v["momentum_buffer"] for k, v in state["optimizer"]["state"].items()}
+        out.append({"model": state["model"], "momentum": momentum, "residuals": state["residuals"]})
+    return out
+
+
+def assert_states_equal(a, b):
+    for wa, wb in zip(a, b, strict=True):
+        for part in ("model", "momentum", "residuals"):
+            assert wa[part].keys() == wb[part].keys(), part
+            for k in wa[part]:
+                np.testing.assert_array_equal(wa[part][k], wb[part][k], err_msg=f"{part} {k}")
+
+
+# -- NaN / Inf in one worker's gradient ---------------------------------------------------------------------
+def test_nonfinite_raise_names_step_worker_parameter_and_changes_nothing(ray_local):
+    with trainer_for("raise", float("inf")) as trainer:
+        trainer.fit(steps=2)
+        before = worker_states(trainer)
+        with pytest.raises(casync.NonFiniteGradientError,
+                           match=rf"step 2: .*worker 1, tensor '{POISONED}': 0 NaN, 10 Inf") as info:
+            trainer.fit(steps=3)
+        assert info.value.step == 2 and [(r.worker, r.tensor) for r in info.value.reports] == [(1, POISONED)]
+        assert trainer.step == 2 and len(trainer.history) == 2
+        assert_states_equal(before, worker_states(trainer))  # parameters, optimizer, residuals: as before
+        history = trainer.fit(steps=2)  # the trainer goes on, from the next batch
+        assert [r.step for r in history] == [2, 3] and not any(r.skipped for r in history)
+        assert all(np.isfinite(v).all() for v in worker_states(trainer)[0]["model"].values())
+        trainer.check_replicas()
+
+
+def test_nonfinite_skip_skips_the_update_on_every_worker(ray_local):
+    with trainer_for("skip", float("nan"), check_every=1) as trainer:
+        trainer.fit(steps=2)
+        before = worker_states(trainer)
+        history = trainer.fit(steps=1)
+        (record,) = history
+        assert record.step == 2 and record.skipped and record.nonfinite == [f"worker 1, tensor '{POISONED}': 10 NaN, 0 Inf"]
+        assert_states_equal(before, worker_states(trainer))  # skipped: nothing moved, on either worker
+        history = trainer.fit(steps=2)
+        assert [r.skipped for r in history] == [False, False] and trainer.step == 5
+        states = worker_states(trainer)
+        assert all(np.isfinite(v).all() for v in states[0]["model"].values())
+        assert_states_equal([dict(states[0], residuals={})], [dict(states[1], residuals={})])  # replicas identical
+
+
+def test_nonfinite_propagate_reaches_every_replica_identically(ray_local):
+    with trainer_for("propagate", float("inf"), check_every=1) as trainer:
+        (record,) = trainer.fit(steps=3)[2:]
+        assert record.nonfinite == [f"worker 1, tensor '{POISONED}': 0 NaN, 10 Inf"] and not record.skipped
+        states = worker_states(trainer)
+        bias = states[0]["model"][POISONED]
+        assert not np.isfinite(bias).all() and np.isfinite(states[0]["model"]["1.weight"]).all()
+        for k, v in states[0]["model"].items():  # bit-identical, NaN/Inf included
+            np.testing.assert_array_equal(v, states[1]["model"][k])
+
+
+# -- bad input ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("slot", range(4))
+def test_functions_that_are_not_callable(slot):
+    fns = [SMALL, SGD(), cross_entropy, DigitsData()]
+    label = ("model_fn", "optimizer_fn", "loss_fn", "data_fn")[slot]
+    fns[slot] = {"model": 3}
+    with pytest.raises(TypeError, match=f"{label} must be callable, got dict"):
+        casync.Trainer(*fns, workers=2, progress=False)
+
+
+@pytest.mark.parametrize("kw, error, words", [
+    (dict(workers=0), ValueError, "workers must be >= 1, got 0"),
+    (dict(workers=-1), ValueError, "workers must be >= 1, got -1"),
+    (dict(workers=2, codec="nope"), ValueError, "unknown codec 'nope'"),
+    (dict(workers=2, strategy="nope"), ValueError, "unknown strategy 'nope'"),
+    (dict(workers=2, nonfinite="ignore"), ValueError, "nonfinite must be one of"),
+])
+def test_bad_plan_options_raise_before_any_worker_starts(kw, error, words):
+    with pytest.raises(error, match=words):
+        casync.Trainer(SMALL, SGD(), cross_entropy, DigitsData(), progress=False, **kw)
+
+
+def test_optimizer_fn_that_returns_no_optimizer():
+    with pytest.raises(TypeError, match="optimizer_fn must return a torch.optim.Optimizer, got str"):
+        casync.Trainer(SMALL, lambda params: "sgd", cross_entropy, DigitsData(), workers=2, progress=False)
+
+
+def _empty_data(rank, world_size):
+    return []
+
+
+def test_data_fn_with_no_batches_fails_at_start(ray_local):
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"worker \d: data_fn\(\d, 2\) returned an empty shard"):
+        casync.Trainer(SMALL, SGD(), cross_entropy, _empty_data, workers=2, progress=False, timeout_s=60,
+                       cpus_per_worker=CPUS)
+    assert time.monotonic() - t0 < 60 + 30
+
+
+def _failing_loss(model, batch):
+    raise KeyError("no such column in batch")
+
+
+def test_loss_fn_that_raises_surfaces_as_itself_with_worker_and_step(ray_local):
+    with casync.Trainer(SMALL, SGD(), _failing_loss, DigitsData(batch_size=64), workers=2, progress=False,
+                        timeout_s=60, cpus_per_worker=CPUS) as trainer:
+        with pytest.raises(KeyError, match=r"no such column(.|\n)*casync.Trainer worker \d, step 0"):
+            trainer.fit(steps=1)
+        with pytest.raises(casync.SyncError, match="unusable"):
+            trainer.fit(steps=1)
+
+
+# -- a worker killed mid-fit, then resume from the last checkpoint --------------------------------------------
+FAULT_TIMEOUT_S = 60
+
+
+def plain_trainer():
+    return casync.Trainer(SMALL, SGD(lr=0.1, momentum=0.9), cross_entropy, DigitsData(batch_size=128), workers=2,
+                          codec="onebit", progress=False, timeout_s=FAULT_TIMEOUT_S, cpus_per_worker=CPUS)
+
+
+def params_of(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model().state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def killed(ray_local, tmp_path_factory):
+    """Train 2 steps, save, train 3 more (the uninterrupted run's parameters at step 5); then fit on in a
+    thread and ``ray.kill`` worker 1 once the trainer is past step 7."""
+    path = tmp_path_factory.mktemp("fault") / "ckpt"
+    trainer = plain_trainer()
+    try:
+        trainer.fit(steps=2)
+        trainer.save(path)
+        trainer.fit(steps=3)
+        expected = params_of(trainer)
+        caught = []
+
+        def fit_on():
+            try:
+                trainer.fit(steps=10_000)
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                caught.append((exc, time.monotonic()))
+
+        thread = threading.Thread(target=fit_on, daemon=True)
+        thread.start()
+        while trainer.step < 8 and thread.is_alive():
+            time.sleep(0.01)
+        killed_at = time.monotonic()
+        ray.kill(trainer._engine.actors["worker:1"], no_restart=True)
+        thread.join(FAULT_TIMEOUT_S + 30)
+    finally:
+        trainer.close()
+    return dict(path=path, expected=expected, caught=caught, killed_at=killed_at, alive=thread.is_alive())
+
+
+def test_killed_worker_surfaces_as_worker_lost_in_bounded_time(killed):
+    assert not killed["alive"] and len(killed["caught"]) == 1
+    exc, at = killed["caught"][0]
+    assert isinstance(exc, casync.WorkerLostError), repr(exc)
+    assert "worker:1" in str(exc)
+    assert at - killed["killed_at"] < FAULT_TIMEOUT_S + 10
+
+
+def test_resume_after_the_fault_is_bit_identical_to_the_uninterrupted_run(killed):
+    with casync.Trainer.load(killed["path"], SMALL, SGD(lr=0.1, momentum=0.9), cross_entropy,
+                             DigitsData(batch_size=128), progress=False) as trainer:
+        assert trainer.step == 2
+        trainer.fit(steps=3)
+        got = params_of(trainer)
+    assert got.keys() == killed["expected"].keys()
+    for k in got:
+        assert torch.equal(got[k], killed["expected"][k]), k
+
+
+def test_checkpoint_missing_corrupted_or_of_another_model(killed, tmp_path):
+    fns = (SMALL, SGD(lr=0.1, momentum=0.9), cross_entropy, DigitsData(batch_size=128))
+    with pytest.raises(FileNotFoundError, match="not a Trainer checkpoint"):
+        casync.Trainer.load(tmp_path / "missing", *fns)
+    with pytest.raises(ValueError, match=r"different model than model_fn builds.*'1.weight', \(24, 64\)"):
+        casync.Trainer.load(killed["path"], DigitsMLP((64, 32, 10)), *fns[1:])
+    broken = tmp_path / "broken"
+    shutil.copytree(killed["path"], broken)
+    (broken / "arrays.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="corrupted Trainer checkpoint"):
+        casync.Trainer.load(broken, *fns)
+    shutil.copytree(killed["path"], broken, dirs_exist_ok=True)
+    (broken / "model.pt").write_bytes((broken / "model.pt").read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupted Trainer checkpoint"):
+        casync.Trainer.load(broken, *fns)
+    shutil.copytree(killed["path"], broken, dirs_exist_ok=True)
+    meta = json.loads((broken / "trainer.json").read_text())
+    del meta["arrays"]
+    (broken / "trainer.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="corrupted Trainer checkpoint.*KeyError"):
+        casync.Trainer.load(broken, *fns)
