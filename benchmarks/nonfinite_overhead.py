@@ -1,6 +1,6 @@
 """What the NaN/Inf check costs: one pass over a gradient, next to one onebit encode of it.
 
-Every sync scans each worker's flat gradient once (``casync.nonfinite.scan_worker``: a summing pass, plus an
+Every sync scans each worker's flat gradient once (``casync.engines.nonfinite.scan_worker``: a summing pass, plus an
 exact pass only when the sum is not finite).  Measured side by side on the same 25M-float array (ResNet-50's
 size), best of ``--repeat``:
 

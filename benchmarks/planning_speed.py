@@ -23,7 +23,7 @@ from casync.table import format_table, markdown_table
 CHILD = """
 import json, sys, time
 import casync
-from casync.costmodel import ClusterModel
+from casync.sim.costmodel import ClusterModel
 model, workers, gbps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 cluster = ClusterModel.for_workers(workers, bandwidth_gbps=gbps)
 start = time.perf_counter()

@@ -4,7 +4,7 @@
 
 For each configuration (strategy x codec x 2-4 workers):
 
-1. calibrate: run ``casync.calibrate.calibration_plans`` (synthetic log-spaced tensors — not the validation
+1. calibrate: run ``casync.runtime.calibrate.calibration_plans`` (synthetic log-spaced tensors — not the validation
    model — 2 workers, ring and ps with the configuration's codec) on RayEngine and fit the runtime's costs
    (op CPU time in an actor over the profiled one, gap per fused task, per-hop latency, dispatch CPU per
    task) on top of the packaged profile;
@@ -94,7 +94,7 @@ def main() -> None:
             f"Machine: {cores} cores, shared with other jobs (noisy; the load drifts within minutes). Measured: "
             f"RayEngine on an embedded local Ray, median sync span of {args.iters} steps after a warm-up (spread: "
             f"quartiles). Predicted: `casync.simulate` on `ClusterModel(nodes=1, cores_per_node={cores})` with the "
-            f"packaged micro-benchmark profile plus the Ray runtime's costs fitted (`casync.calibrate.fit_runtime`) "
+            f"packaged micro-benchmark profile plus the Ray runtime's costs fitted (`casync.runtime.calibrate.fit_runtime`) "
             f"from calibration runs measured just before each configuration: synthetic log-spaced tensors (not "
             f"{args.model}), 2 workers, ring and ps with the same codec. Uncalibrated: the micro-benchmark profile "
             f"alone.\n\n"

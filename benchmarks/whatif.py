@@ -10,7 +10,7 @@ For every model, cluster size (one worker per node, 50 us links) and NIC bandwid
   fp16, onebit, topk:ratio=0.01) applied to all buckets with default partitions;
 * **auto** — ``build_plan(strategy="auto", codec="auto", partitions="auto", cluster=...)``.
 
-All times come from :func:`casync.simulator.simulate` on the full plan graph, except where that graph is
+All times come from :func:`casync.sim.simulator.simulate` on the full plan graph, except where that graph is
 too large to simulate quickly (64 workers): fixed plans are then simulated as compact symmetric templates
 when ``assemble_plan(compact=True)`` is available (marked ``c``; exact for ring and all-gather, optimistic
 for PS) or else taken from the planner's fast estimator (marked ``~``); an ``auto`` plan too large for the

@@ -5,11 +5,14 @@
     out = casync.LocalEngine(plan).sync(grads)
 """
 from primitives.codecs import Codec, available_codecs, get_codec, register_codec
+from strategies import Strategy, available_strategies, get_strategy, register_strategy
 
+from .engines.contract import Engine
 from .engines.local import LocalEngine
 from .engines.nonfinite import NonFiniteReport, SyncOutput
 from .errors import (
     NonFiniteGradientError,
+    PlanError,
     PlanFormatError,
     ReplicaMismatchError,
     SyncError,
@@ -40,13 +43,18 @@ def __getattr__(name: str):
         from .sim.profiler import profile
 
         return profile
-    if name in ("choose_plan", "backward_ready_times"):
-        from . import planner
+    if name == "backward_ready_times":
+        from .plan.ready import backward_ready_times
 
-        return getattr(planner, name)
+        return backward_ready_times
+    if name == "choose_plan":
+        from .planner.choose import choose_plan
+
+        return choose_plan
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
-__all__ = ["Bucket", "ClusterModel", "Codec", "LocalEngine", "Profile", "RayEngine", "Timeline", "backward_ready_times", "choose_plan", "simulate", "profile", "ReplicaMismatchError", "SyncError", "SyncPlan", "SyncTimeoutError",
-           "NonFiniteGradientError", "NonFiniteReport", "PlanFormatError", "SyncOutput",
-           "TensorSpec", "Trainer", "WorkerLostError", "available_codecs", "build_plan", "get_codec", "model_names",
-           "register_codec"]
+__all__ = ["Bucket", "ClusterModel", "Codec", "Engine", "LocalEngine", "NonFiniteGradientError", "NonFiniteReport",
+           "PlanError", "PlanFormatError", "Profile", "RayEngine", "ReplicaMismatchError", "Strategy", "SyncError",
+           "SyncOutput", "SyncPlan", "SyncTimeoutError", "TensorSpec", "Timeline", "Trainer", "WorkerLostError",
+           "available_codecs", "available_strategies", "backward_ready_times", "build_plan", "choose_plan",
+           "get_codec", "get_strategy", "model_names", "profile", "register_codec", "register_strategy", "simulate"]

@@ -198,6 +198,26 @@ def cmd_codecs(args: argparse.Namespace) -> int:
     return 0
 
 
+def strategy_table(markdown: bool = False) -> str:
+    """Every registered strategy with its ops per partition (K partitions, N workers): the README's table."""
+    from strategies import STRATEGIES
+
+    from .table import markdown_table
+
+    rows = []
+    for name, s in STRATEGIES.items():
+        c = s.costs
+        rows.append([f"`{name}`" if markdown else name, c.get("encode", "?"), c.get("decode", "?"), c.get("merge", "?"),
+                     c.get("send", "?"), "yes" if s.has_compact() else "no", s.summary])
+    headers = ["strategy", "encode", "decode", "merge", "send (= recv)", "compact template", "what it does"]
+    return markdown_table(headers, rows) if markdown else format_table(headers, rows)
+
+
+def cmd_strategies(args: argparse.Namespace) -> int:
+    print(strategy_table(markdown=args.markdown))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="casync", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -273,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list built-in models").set_defaults(func=cmd_models)
     sub.add_parser("codecs", help="list registered codecs").set_defaults(func=cmd_codecs)
+    s = sub.add_parser("strategies", help="list registered strategies and what each costs per partition")
+    s.add_argument("--markdown", action="store_true", help="as the README's markdown table")
+    s.set_defaults(func=cmd_strategies)
     return parser
 
 

@@ -13,7 +13,6 @@ from typing import Any, Callable
 #: The five primitives, in the order data meets them.
 OPS: tuple[str, ...] = ("encode", "send", "recv", "merge", "decode")
 COMPUTE_OPS: tuple[str, ...] = ("encode", "merge", "decode")
-TRANSFER_OPS: tuple[str, ...] = ("send", "recv")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,8 @@ COUPLING_SERVING = 0.5
 class ParameterServer(Strategy):
     name = "ps"
     summary = "CaSync-PS: push encoded parts to servers, merge, (two-way) re-encode once, pull"
-    costs = {"encode": "K·N", "decode": "K·(2N−1)", "merge": "K", "send": "K·2(N−1)"}
+    costs = {"encode": "K·N (dedicated: K·(N+1))", "decode": "K·(2N−1) (dedicated: K·2N)", "merge": "K",
+             "send": "K·2(N−1) (dedicated: K·2N)"}
     takes_servers = True
 
     def expand(self, g: GraphBuilder, unit: Unit) -> None:

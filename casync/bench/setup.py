@@ -20,8 +20,6 @@ from ..sim.costmodel import ClusterModel
 from .baselines import RankLauncher
 from .netstat import class_bytes, qdisc_sent_bytes
 
-NETEM_HEAD_IP = "10.77.0.1"
-
 
 def node_ip(index: int) -> str:
     """Address of emulated node ``index`` (1-based), as benchmarks/netem/links.sh assigns them."""

@@ -1,1 +1,12 @@
-"""TODO docstring"""
+"""Engines: the contract every interpreter of a plan honours, and the in-process reference engine.
+
+``Engine`` (a Protocol) and ``EngineBase`` define ``sync``, ``run_flat``, ``state_dict``,
+``load_state_dict``, ``timeline`` and ``close``; ``nonfinite`` holds the one NaN/Inf policy every engine
+applies.  ``LocalEngine`` defines what a plan means; the Ray runtime (``casync.runtime``) must match it
+bit for bit.
+"""
+from .contract import Engine, EngineBase
+from .local import LocalEngine
+from .nonfinite import NonFiniteReport, SyncOutput
+
+__all__ = ["Engine", "EngineBase", "LocalEngine", "NonFiniteReport", "SyncOutput"]

@@ -30,7 +30,7 @@ class LocalEngine(EngineBase):
         plan.require_executable("LocalEngine")
         super().__init__()
         self.plan = plan
-        self.state = EngineState.empty(plan)
+        self.state = EngineState()
         self._order = plan.topological_order()
         self._bounds = {b.name: b.partitions for b in plan.buckets}
         self._layouts = layouts(plan)

@@ -23,10 +23,6 @@ class EngineState:
     step: int = 0
     residuals: dict[str, np.ndarray] = field(default_factory=dict)
 
-    @classmethod
-    def empty(cls, plan: SyncPlan) -> "EngineState":
-        return cls()
-
     def to_dict(self, plan: SyncPlan) -> dict[str, Any]:
         return {"version": STATE_VERSION, "step": self.step, "workers": plan.workers,
                 "residuals": {k: v.copy() for k, v in sorted(self.residuals.items())}}

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 TIMELINE_STEPS_KEPT = 16  # timeline() covers the most recent iterations only
-TIMELINE_FIELDS = ("op", "actor", "bucket", "part", "start", "end", "nbytes", "node", "step", "cpu")
 
 
 def op_rows(step: int, records: dict[str, list[tuple]], send_of: dict[str, str] | None = None) -> list[dict[str, Any]]:

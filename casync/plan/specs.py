@@ -69,9 +69,6 @@ class Bucket:
     def uses_error_feedback(self) -> bool:
         return self.error_feedback and not self.codec.lossless
 
-    def part_sizes(self) -> list[int]:
-        return [b - a for a, b in self.partitions]
-
 
 def split_even(numel: int, parts: int) -> list[tuple[int, int]]:
     """Split ``range(numel)`` into ``parts`` contiguous near-equal slices (never more than numel, at least one)."""

@@ -27,7 +27,7 @@
    buckets, default partitions) are run through the real simulator within an op budget
    (``sim_budget_ops``); the best simulated plan is kept, so ``auto`` is never worse in simulation than a
    fixed choice it simulated.  Candidates are not assembled: each distinct (bucket size, option) is
-   expanded once into an :class:`~casync.optable.OpTable` fragment and a candidate's table is glued from
+   expanded once into an :class:`~casync.sim.optable.OpTable` fragment and a candidate's table is glued from
    fragments, which simulates exactly as its assembled plan would; only the chosen plan is assembled.
    Small plans (a few thousand ops) are then refined bucket by bucket with the real simulator, and
    compression that does not pay there is undone.

@@ -56,7 +56,7 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
 
     ``strategies``: ``"auto"`` (ring, ps, allgather) or names; ``codecs``: ``"auto"`` (none, fp16, onebit,
     topk:ratio=0.01), a list of specs, or one spec; ``partitions``: ``"auto"`` (a few per strategy), ``None``
-    (each strategy's default) or an int.  ``cluster`` defaults to what :func:`~casync.simulator.simulate`
+    (each strategy's default) or an int.  ``cluster`` defaults to what :func:`~casync.sim.simulator.simulate`
     assumes (all workers on one node); ``profile`` to :meth:`Profile.default`; ``ready_times`` maps tensor
     names to the second their gradient is ready (see :func:`backward_ready_times`).  ``sim_budget_ops``
     bounds the real-simulator checks (plan ops simulated); 0 trusts the estimator alone.
@@ -106,7 +106,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
                          f"(nodes x workers_per_node), plan has {workers}")
     profile = profile if profile is not None else Profile.default()
     if not isinstance(profile, Profile):
-        raise TypeError(f"profile must be a casync.costmodel.Profile, got {type(profile).__name__}")
+        raise TypeError(f"profile must be a casync.sim.costmodel.Profile, got {type(profile).__name__}")
     for c in codec_objs:
         try:
             profile.encode_s(str(c), 1)

@@ -1,1 +1,3 @@
-"""Engines that run plans on other processes; ``program`` is Ray-free, ``ray_*`` modules import Ray."""
+"""The Ray runtime: the Ray layer (connect, placement, failures, release), ``RayEngine`` and its actors,
+the object-store transport, and calibration of what running on Ray costs.  Only this package and
+``casync.training`` import Ray."""

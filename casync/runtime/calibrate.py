@@ -16,7 +16,7 @@ Micro-benchmarks (``casync.profile``) time each op alone, warm, best of several 
   of the head node (it matters once actors outnumber cores).
 
 ``fit_runtime`` reads those from the records of ``RayEngine.timeline()`` and the engine's fused program;
-:class:`casync.costmodel.RuntimeCosts` carries them in a :class:`~casync.costmodel.Profile`.
+:class:`casync.sim.costmodel.RuntimeCosts` carries them in a :class:`~casync.sim.costmodel.Profile`.
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from primitives.ir import COMPUTE_OPS
+
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
 from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
-
-COMPUTE_OPS = ("encode", "decode", "merge")
 
 
 @dataclass

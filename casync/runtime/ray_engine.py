@@ -75,7 +75,7 @@ class RayEngine(EngineBase):
         self.program = compile_program(plan)
         self._layouts = layouts(plan)
         self._send_of = {n: next(iter(plan.graph.predecessors(n))) for n in plan.nodes(op="recv")}
-        self.state = EngineState.empty(plan)
+        self.state = EngineState()
         self.group = ActorGroup(address, timeout_s, ping="pid", on_fail=self._discard)
         try:
             self._start_actors(placement, num_cpus_per_actor or DEFAULT_CPUS_PER_ACTOR)

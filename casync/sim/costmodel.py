@@ -32,7 +32,7 @@ class LinearCost:
 
 @dataclass(frozen=True)
 class RuntimeCosts:
-    """What executing on Ray adds to the ops' own cost, fitted from measured timelines (``casync.calibrate``).
+    """What executing on Ray adds to the ops' own cost, fitted from measured timelines (``casync.runtime.calibrate``).
 
     ``compute_scale``: op time inside a loaded actor / profiled op time.  ``task_gap_s``: idle time between
     two fused tasks of one actor whose inputs were ready.  ``hop``: seconds from a payload's production to

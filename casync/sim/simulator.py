@@ -9,7 +9,7 @@ ops are taken in the order of the one schedule (``casync.schedule.order_key``: r
 exchange round, node name), and the first op of each task of that schedule (same actor, bucket and hop)
 also pays the profile's per-task cost.
 
-The event loop (:func:`run_table`) reads the plan as an :class:`~casync.optable.OpTable` (flat lists of
+The event loop (:func:`run_table`) reads the plan as an :class:`~casync.sim.optable.OpTable` (flat lists of
 integers, lanes numbered), about 2 us per op; the planner feeds it tables glued from per-bucket fragments.
 """
 from __future__ import annotations

@@ -138,7 +138,7 @@ class StepSyncActor:
     def _scan(self, st: StepState, bucket: str) -> None:
         """Check this worker's gradient of ``bucket`` for NaN/Inf before its first op (on the compression
         thread, so before any encode of it): name what is found, and flag the partitions whose encodes must
-        carry the values on the side (``casync.nonfinite``)."""
+        carry the values on the side (``primitives.finite``)."""
         st.scanned.add(bucket)
         layout = self._layouts.get(bucket)
         if layout is None or bucket not in st.grads:

@@ -300,7 +300,7 @@ class Trainer:
         if not any(voided):
             return []
         if any(v != voided[0] for v in voided):
-            self._engine._fail(f"workers disagreed on voiding step {step}")
+            self._engine.group.fail(f"workers disagreed on voiding step {step}")
             raise ReplicaMismatchError(f"step {step}: workers disagree on whether NaN/Inf voided the step: "
                                        f"{dict(zip(updates, voided))}")
         servers = [a for a in self._engine.actors if a not in self._engine.workers]
@@ -359,7 +359,7 @@ class Trainer:
             majority = max(groups.values(), key=len)
             odd = sorted(w for ws in groups.values() if ws is not majority for w in ws)
             when = f"after step {step}" if isinstance(step, int) else step
-            self._engine._fail(f"replicas diverged {when}")
+            self._engine.group.fail(f"replicas diverged {when}")
             raise ReplicaMismatchError(
                 f"{when}: worker(s) {odd} hold parameters different from {majority} "
                 f"(CRC-32 {', '.join(f'{w}={h:08x}' for w, h in sorted(hashes.items()))}); replicas must stay "
@@ -460,7 +460,7 @@ class Trainer:
         if servers:
             engine.get([engine.actors[s].set_residuals.remote(by_actor[s]) for s in servers], "restoring servers")
         if any(h != ck.param_hash for h in hashes):
-            engine._fail("restored parameters differ from the checkpoint's")
+            engine.group.fail("restored parameters differ from the checkpoint's")
             raise ReplicaMismatchError(f"restored parameters hash {sorted(set(hashes))}, the checkpoint recorded "
                                        f"{ck.param_hash}: model_fn builds a model whose state does not round-trip")
         self.step = ck.step
