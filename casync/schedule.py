@@ -142,3 +142,82 @@ def compile_program(plan: SyncPlan) -> Program:
         t.after = [renumber[i] for i in t.after]
     producer = {n: (renumber[i], k) for n, (i, k) in producer.items()}
     return Program(tasks=tasks, producer=producer)
+
+
+# -- one actor's share of a plan, for the per-rank executor ------------------------------------------------
+
+def priority_key(priority: int, hop: int, round: int, rank: int) -> tuple[int, int, int, int]:
+    """How an executor picks among ops whose inputs are there: the most urgent bucket first (lower
+    ``priority``; see ``assemble_plan``), then the earlier hop of its chain, the exchange round, the name."""
+    return (priority, hop, round, rank)
+
+
+@dataclass
+class ActorOp:
+    """One op of an actor's share: its attributes, producers and consumers (indices into the share)."""
+
+    index: int
+    node: str
+    attrs: dict[str, Any]
+    inputs: list[int]  # producers in slot order (all on this actor: a recv stands for its remote send)
+    consumers: list[int]
+    key: tuple[int, int, int, int]  # priority_key
+    peer: str | None = None  # send: receiver; recv: sender
+    transfer: int = -1  # send/recv: the transfer's id, the same on both ends
+
+
+@dataclass
+class ActorShare:
+    """What one actor runs of a plan: its ops, the transfers it sends and receives, its local inputs."""
+
+    actor: str
+    ops: list[ActorOp]
+    sends: list[int]
+    recvs: list[int]
+    local: dict[str, list[int]]  # bucket -> ops reading this actor's own gradient of that bucket
+
+    @property
+    def peers_in(self) -> list[str]:
+        """Actors this one receives from (one receiver thread each), sorted."""
+        return sorted({self.ops[i].peer for i in self.recvs})
+
+
+def transfer_ids(graph: Any) -> dict[str, int]:
+    """Send node -> transfer id (the same numbering in every process: sorted node names); its recv shares it."""
+    return {n: i for i, n in enumerate(sorted(n for n, op in graph.nodes(data="op") if op == "send"))}
+
+
+def actor_shares(plan: SyncPlan) -> dict[str, ActorShare]:
+    """Every actor's share of ``plan``, ops numbered in the plan's topological order."""
+    graph = plan.graph
+    hops = graph_hops(graph)
+    rank = {n: r for r, n in enumerate(sorted(graph))}
+    tids = transfer_ids(graph)
+    shares: dict[str, ActorShare] = {a: ActorShare(a, [], [], [], {}) for a in plan.actors}
+    where: dict[str, tuple[str, int]] = {}
+    for node in plan.topological_order():
+        a = graph.nodes[node]
+        share = shares[a["actor"]]
+        op = ActorOp(index=len(share.ops), node=node, attrs=dict(a), inputs=[], consumers=[],
+                     key=priority_key(a["priority"], hops[node], a.get("round", 0), rank[node]))
+        if a["op"] == "send":
+            op.peer, op.transfer = a["peer"], tids[node]
+            share.sends.append(op.index)
+        elif a["op"] == "recv":
+            (send,) = graph.predecessors(node)
+            op.peer, op.transfer = a["peer"], tids[send]
+            share.recvs.append(op.index)
+        else:
+            for u, _, _ in sorted(graph.in_edges(node, data="slot"), key=lambda e: e[2]):
+                actor, index = where[u]
+                op.inputs.append(index)
+                share.ops[index].consumers.append(op.index)
+            if a.get("local_input"):
+                share.local.setdefault(a["bucket"], []).append(op.index)
+        if a["op"] == "send":
+            actor, index = where[next(iter(graph.predecessors(node)))]
+            op.inputs.append(index)
+            share.ops[index].consumers.append(op.index)
+        share.ops.append(op)
+        where[node] = (a["actor"], op.index)
+    return shares

@@ -1,0 +1,258 @@
+"""The per-rank executor: one actor's share of a plan, run priority-first, compute and communication overlapped.
+
+Whatever hosts an actor — a Ray actor, a torchrun process, a thread in a test — runs its share of every
+sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`:
+
+* the calling thread runs compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as
+  ``LocalEngine`` does) and issues sends; among ops whose inputs are there it always takes the most
+  urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of an urgent
+  bucket overtakes the rest as soon as its data is in (preemption at partition granularity);
+* one receiver thread per peer takes that peer's messages in the order they arrive: a small header naming
+  the transfer, then its body (posted ahead: every payload's size is known from its codec), then, only
+  when the header says so, the NaN/Inf side channel;
+* a bucket's ops that read the actor's own gradient wait until :meth:`RankExecutor.provide` hands it over,
+  so a bucket can start while later gradients are still being computed.
+
+Results, error-feedback residuals and the op records of a step come back from :meth:`RankExecutor.finish`;
+residuals are returned, never updated in place, so a failed step leaves the caller's state untouched.
+"""
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from primitives.codecs import Codec
+from primitives.ops import run_node
+from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
+
+from ..errors import SyncError, SyncTimeoutError
+from ..schedule import ActorShare
+from ..transport.base import Channel, Handle
+
+HEADER_TAG = 1
+
+
+def body_tag(transfer: int) -> int:
+    return 2 + 2 * transfer
+
+
+def side_tag(transfer: int) -> int:
+    return 3 + 2 * transfer
+
+
+class RankExecutor:
+    """Runs ``share`` (one actor's ops) step after step over ``channel``; see the module docstring."""
+
+    def __init__(self, share: ActorShare, codecs: Mapping[str, Codec], plan_seed: int,
+                 partitions: Mapping[str, list[tuple[int, int]]], channel: Channel, timeout_s: float = 60.0):
+        self.share = share
+        self.codecs = dict(codecs)
+        self.plan_seed = plan_seed
+        self.partitions = {b: list(p) for b, p in partitions.items()}
+        self.channel = channel
+        self.timeout_s = float(timeout_s)
+        self.actor = share.actor
+        ops = share.ops
+        self._layouts = {i: layout(self.codecs[ops[i].attrs["codec"]], ops[i].attrs["numel"])
+                         for i in share.sends + share.recvs}
+        self._by_transfer = {ops[i].transfer: i for i in share.recvs}
+        self._from_peer: dict[str, list[int]] = {}
+        for i in share.recvs:
+            self._from_peer.setdefault(ops[i].peer, []).append(i)
+        self._outputs = {b: len(p) for b, p in self.partitions.items()}
+        self._cond = threading.Condition()
+        self._step: int | None = None
+
+    # -- a step ------------------------------------------------------------------------------------------
+    def begin(self, step: int, residuals: Mapping[str, np.ndarray]) -> None:
+        """Open ``step``: post every receive of the step and start the receiver threads."""
+        if self._step is not None:
+            raise SyncError(f"{self.actor}: step {step} begun while step {self._step} is still open")
+        ops = self.share.ops
+        self._step = step
+        self._deadline = time.monotonic() + self.timeout_s
+        self._values: list[Any] = [None] * len(ops)
+        self._waiting = [len(op.inputs) for op in ops]
+        self._uses = [len(op.consumers) for op in ops]
+        self._complete = [False] * len(ops)
+        for index in (i for idx in self.share.local.values() for i in idx):
+            self._waiting[index] += 1  # its gradient
+        self._grads: dict[str, np.ndarray] = {}
+        self._flagged: set[tuple[str, int]] = set()
+        self._residuals = dict(residuals)
+        self._ready: list[tuple[tuple, int]] = []
+        self._done = 0
+        self._error: BaseException | None = None
+        self._sends: list[tuple[Handle, Any]] = []
+        self._records: list[tuple] = []
+        self._results = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in self.partitions.items()}
+        for index, op in enumerate(ops):
+            if self._waiting[index] == 0 and op.attrs["op"] != "recv":
+                heapq.heappush(self._ready, (op.key, index))
+        self._bodies = {i: np.empty(self._layouts[i].nbytes, np.uint8) for i in self.share.recvs}
+        self._posted = {i: self.channel.irecv(self._bodies[i], ops[i].peer, body_tag(ops[i].transfer))
+                        for i in self.share.recvs}
+        self._threads = [threading.Thread(target=self._receive, args=(peer, len(idx)), daemon=True,
+                                          name=f"casync-recv-{self.actor}<-{peer}")
+                         for peer, idx in self._from_peer.items()]
+        for thread in self._threads:
+            thread.start()
+
+    def provide(self, bucket: str, flat: np.ndarray, flagged: set[tuple[str, int]] | None = None) -> None:
+        """This actor's gradient of ``bucket`` (a flat float32 buffer, not modified); ``flagged``: its
+        (bucket, partition) pairs that hold NaN/Inf (the scan's), whose encodes carry them on the side."""
+        with self._cond:
+            if bucket in self._grads:
+                raise SyncError(f"{self.actor}: gradient of bucket {bucket!r} provided twice in step {self._step}")
+            self._grads[bucket] = flat
+            self._flagged |= set(flagged or ())
+            for index in self.share.local.get(bucket, ()):
+                self._arrived(index)
+            self._cond.notify_all()
+
+    def finish(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[tuple]]:
+        """Run the step's ops to the end (in this thread); returns (results per bucket, residuals, records).
+
+        Raises :class:`~casync.errors.SyncTimeoutError` when the step does not end within ``timeout_s`` of
+        :meth:`begin` (naming what it still waits for), or the error a receive or an op raised."""
+        try:
+            self._compute()
+            for handle, _ in self._sends:
+                handle.wait()
+            for thread in self._threads:
+                thread.join(max(0.0, self._deadline - time.monotonic()))
+            self._raise_if_failed()
+            return self._results, self._residuals, self._records
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self._step = None
+            self._values = []
+
+    # -- the compute thread ---------------------------------------------------------------------------------
+    def _compute(self) -> None:
+        ops, total = self.share.ops, len(self.share.ops)
+        while True:
+            with self._cond:
+                while not self._ready and self._done < total:
+                    self._raise_if_failed()
+                    left = self._deadline - time.monotonic()
+                    if left <= 0:
+                        raise SyncTimeoutError(self._stall_report())
+                    self._cond.wait(min(left, 1.0))
+                self._raise_if_failed()
+                if self._done >= total:
+                    return
+                _, index = heapq.heappop(self._ready)
+            op = ops[index]
+            kind = op.attrs["op"]
+            t0, cpu0 = time.time(), time.thread_time()
+            if kind == "send":
+                self._send(op)
+                result = None
+            else:
+                result = self._run(op)
+            self._records.append((kind, op.attrs["bucket"], op.attrs["part"], t0, time.time(), op.attrs["nbytes"],
+                                  op.node, time.thread_time() - cpu0))
+            with self._cond:
+                self._finished(index, result)
+
+    def _run(self, op: Any) -> Any:
+        a = op.attrs
+        local = None
+        if a.get("local_input"):
+            start, stop = self.partitions[a["bucket"]][a["part"]]
+            local = self._grads[a["bucket"]][start:stop]
+        result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self.codecs,
+                          residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged)
+        if a.get("output"):
+            start, stop = self.partitions[a["bucket"]][a["part"]]
+            self._results[a["bucket"]][start:stop] = result
+        return result
+
+    def _send(self, op: Any) -> None:
+        payload = self._values[op.inputs[0]]
+        body = self._layouts[op.index].pack(payload)
+        side = side_channel(payload)
+        header = np.array([op.transfer, self._step, side_count(side), 0], np.int64)
+        peer = op.peer
+        self._sends.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
+        self._sends.append((self.channel.isend(body, peer, body_tag(op.transfer)), body))
+        if side is not None:
+            self._sends.append((self.channel.isend(side, peer, side_tag(op.transfer)), side))
+
+    # -- bookkeeping (under the lock) ---------------------------------------------------------------------
+    def _arrived(self, index: int) -> None:
+        self._waiting[index] -= 1
+        if self._waiting[index] == 0:
+            heapq.heappush(self._ready, (self.share.ops[index].key, index))
+
+    def _finished(self, index: int, value: Any) -> None:
+        op = self.share.ops[index]
+        self._values[index] = value
+        self._done += 1
+        for consumer in op.consumers:
+            self._arrived(consumer)
+        self._complete[index] = True
+        for producer in op.inputs:  # free a value once its last consumer ran
+            self._uses[producer] -= 1
+            if self._uses[producer] == 0:
+                self._values[producer] = None
+        self._cond.notify_all()
+
+    # -- receiver threads -----------------------------------------------------------------------------------
+    def _receive(self, peer: str, count: int) -> None:
+        header = np.empty(HEADER_WORDS, np.int64)
+        try:
+            for _ in range(count):
+                self.channel.irecv(header.view(np.uint8), peer, HEADER_TAG).wait()
+                transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
+                index = self._by_transfer.get(transfer)
+                if index is None or self.share.ops[index].peer != peer or step != self._step:
+                    raise SyncError(f"{self.actor}: unexpected message from {peer}: transfer {transfer} of step {step} "
+                                    f"(this actor is in step {self._step}); the actors run different plans or steps")
+                self._posted[index].wait()
+                payload = self._layouts[index].unpack(self._bodies[index])
+                if nside:
+                    side = np.empty(nside * SIDE_ITEM_BYTES, np.uint8)
+                    self.channel.irecv(side, peer, side_tag(transfer)).wait()
+                    payload = attach_side(payload, side)
+                t = time.time()
+                op = self.share.ops[index]
+                with self._cond:
+                    self._records.append(("recv", op.attrs["bucket"], op.attrs["part"], t, t, op.attrs["nbytes"],
+                                          op.node, 0.0))
+                    self._finished(index, payload)
+        except BaseException as exc:  # the compute thread raises it
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+                self._cond.notify_all()
+
+    # -- failures -------------------------------------------------------------------------------------------
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            error = self._error
+            if isinstance(error, (SyncError, TimeoutError)):
+                raise error
+            raise SyncError(f"{self.actor}, step {self._step}: {type(error).__name__}: {error}") from error
+
+    def _stall_report(self) -> str:
+        pending = [self.share.ops[i] for i in self.share.recvs if not self._complete[i]]
+        peers = sorted({op.peer for op in pending})
+        return (f"{self.actor}: step {self._step} not done within {self.timeout_s:.0f}s; waiting for {len(pending)} "
+                f"payload(s) from {peers[:6]}" if pending else
+                f"{self.actor}: step {self._step} not done within {self.timeout_s:.0f}s; gradients provided for "
+                f"{sorted(self._grads)[:6]}, waiting for the rest")
+
+    def _fail(self, exc: BaseException) -> None:
+        """Tell the peers to stop waiting for this actor (the channel aborts), then let the step go."""
+        try:
+            self.channel.abort(f"{self.actor} failed in step {self._step}: {type(exc).__name__}: {exc}"[:300])
+        except Exception:
+            pass
