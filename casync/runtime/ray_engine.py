@@ -1,10 +1,14 @@
 """``RayEngine``: run a plan on Ray actors — one per worker and per dedicated server.
 
-The plan's tasks (``casync.schedule``: one actor's ops of one bucket in one hop) become one Ray call each;
-cross-actor edges become ObjectRefs handed to the receiving task, so Ray moves payloads (shared memory on a
-node, the object manager across nodes) and the driver never fetches intermediate data.  A whole iteration
-is submitted at once in the schedule's order; actors run tasks as their inputs arrive (out-of-order
-execution), so encode of one bucket overlaps transfer and decode of another.
+Two data planes (``transport=``):
+
+* ``"gloo"`` (default; ``"nccl"`` on GPUs): the actors form a torch.distributed process group and each runs
+  its share of the plan on a per-rank executor (``casync.engines.executor``): payloads go actor to actor
+  over the group, ops run priority-first with communication on their own threads, and Ray carries one call
+  per actor per iteration (gradients in, results out).
+* ``"objectstore"``: every task of the schedule (one actor's ops of one bucket in one hop) is one Ray call,
+  and payloads travel as ObjectRefs through Ray's object store.  A whole iteration is submitted at once;
+  actors run tasks as their inputs arrive.  Kept to compare the two.
 """
 from __future__ import annotations
 
@@ -23,8 +27,13 @@ from ..engines.timeline import op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
+from ..schedule import actor_shares
+from .executor_actor import RemoteExecutorActor
 from .ray_actor import RemoteSyncActor
 from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, positive_number
+
+TRANSPORTS = ("gloo", "nccl", "objectstore")
+DEFAULT_TRANSPORT = "gloo"
 
 
 def submit_iteration(program: Program, actors: dict[str, Any], step: int,
@@ -54,10 +63,14 @@ class RayEngine(EngineBase):
 
     ``placement``: ``"spread"`` puts actors on different nodes when the cluster has them, ``"pack"`` packs them.
     ``timeout_s`` bounds every sync: a dead actor or a stall raises a :class:`casync.SyncError` subclass.
+    ``transport``: ``"gloo"`` (default), ``"nccl"`` or ``"objectstore"`` (see the module docstring);
+    ``transport_options``: ``{"port": int, "ifname": str}`` for the process group's rendezvous port on the
+    first worker's node and the network interface (default: the one holding the Ray node's address).
     """
 
     def __init__(self, plan: SyncPlan, address: str | None = None, timeout_s: float = 60.0,
-                 placement: str = "spread", num_cpus_per_actor: float | None = None):
+                 placement: str = "spread", num_cpus_per_actor: float | None = None,
+                 transport: str = DEFAULT_TRANSPORT, transport_options: dict[str, Any] | None = None):
         if not isinstance(plan, SyncPlan):
             raise TypeError(f"RayEngine needs a SyncPlan, got {type(plan).__name__}")
         plan.require_executable("RayEngine")
@@ -69,10 +82,18 @@ class RayEngine(EngineBase):
             raise ValueError(f"num_cpus_per_actor must be None or a finite positive number, got {num_cpus_per_actor!r}")
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
+        options = dict(transport_options or {})
+        unknown = set(options) - {"port", "ifname"}
+        if unknown:
+            raise ValueError(f"unknown transport_options {sorted(unknown)}; expected 'port' and/or 'ifname'")
         super().__init__()
+        self.transport = transport
+        self.transport_options = options
         self.plan = plan
         self.timeout_s = float(timeout_s)
-        self.program = compile_program(plan)
+        self.program = compile_program(plan) if transport == "objectstore" else None
         self._layouts = layouts(plan)
         self._send_of = {n: next(iter(plan.graph.predecessors(n))) for n in plan.nodes(op="recv")}
         self.state = EngineState()
@@ -93,10 +114,23 @@ class RayEngine(EngineBase):
         names = self.plan.actors
         self.group.place([cpus] * len(names), placement)
         partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
+        if self.transport == "objectstore":
+            for index, name in enumerate(names):
+                self.group.start(name, RemoteSyncActor, index, cpus, name, self.program.tasks_of(name),
+                                 self.plan.codecs, self.plan.seed, partitions, self._layouts,
+                                 allow_out_of_order_execution=True)
+            self._get([a.node_id.remote() for a in self.actors.values()], "starting actors")
+            return
+        shares = actor_shares(self.plan)
         for index, name in enumerate(names):
-            self.group.start(name, RemoteSyncActor, index, cpus, name, self.program.tasks_of(name), self.plan.codecs,
-                             self.plan.seed, partitions, self._layouts, allow_out_of_order_execution=True)
-        self._get([a.node_id.remote() for a in self.actors.values()], "starting actors")
+            self.group.start(name, RemoteExecutorActor, index, cpus, name, shares[name], self.plan.codecs,
+                             self.plan.seed, partitions, self._layouts, self.timeout_s)
+        master, port = self._get([self.actors[names[0]].rendezvous.remote(self.transport_options.get("port"))],
+                                 "starting actors")[0]
+        ranks = {name: rank for rank, name in enumerate(names)}
+        self.interfaces = dict(zip(names, self._get(
+            [self.actors[n].connect.remote(ranks, master, port, self.transport, self.transport_options.get("ifname"))
+             for n in names], f"forming the {self.transport} process group at {master}:{port}")))
 
     def close(self) -> None:
         """Kill the actors and release the placement group; stop Ray if this engine started it."""
@@ -130,15 +164,9 @@ class RayEngine(EngineBase):
         keep_previous = remote_grads and mode != "propagate"
         deadline = time.monotonic() + self.timeout_s
         workers = [f"worker:{w}" for w in range(self.plan.workers)]
-        loads = {name: self.actors[name].load.remote(step, flats[w], flagged.get(w), keep_previous)
-                 for w, name in enumerate(workers)}
-        for name in self.actors:
-            if name not in loads:
-                loads[name] = self.actors[name].load.remote(step, None, set(), keep_previous)
-        tokens = submit_iteration(self.program, self.actors, step, {name: [ref] for name, ref in loads.items()})
         names = list(self.actors)
-        collected = self._get([self.actors[n].collect.remote(step, *tokens[n]) for n in names],
-                              f"sync step {step}", deadline)
+        calls = self._submit(step, flats, flagged, keep_previous)
+        collected = self._get([calls[n] for n in names], f"sync step {step}", deadline)
         self._timeline.add(step, op_rows(step, {n: c[1] for n, c in zip(names, collected)}, self._send_of))
         found = [r for c in collected for r in c[2]]
         if voids_step(mode, found):  # an actor's own scan found NaN/Inf: undo the step everywhere
@@ -147,6 +175,20 @@ class RayEngine(EngineBase):
         out = fresh_results(self.plan, [collected[names.index(w)][0] for w in workers])  # Ray's are read-only
         self.state = EngineState(step=step + 1, residuals={})
         return SyncOutput(out, nonfinite=reports + found)
+
+    def _submit(self, step: int, flats: list[Any], flagged: dict[int, Any], keep_previous: bool) -> dict[str, Any]:
+        """One step's calls; each returns the actor's (results, op records, NaN/Inf reports of its own scan)."""
+        worker = {f"worker:{w}": w for w in range(self.plan.workers)}
+        if self.transport != "objectstore":  # one call per actor
+            return {name: handle.run_step.remote(step, flats[worker[name]] if name in worker else None,
+                                                 flagged.get(worker.get(name)) if name in worker else set(),
+                                                 keep_previous)
+                    for name, handle in self.actors.items()}
+        loads = {name: handle.load.remote(step, flats[worker[name]] if name in worker else None,
+                                          flagged.get(worker[name]) if name in worker else set(), keep_previous)
+                 for name, handle in self.actors.items()}
+        tokens = submit_iteration(self.program, self.actors, step, {name: [ref] for name, ref in loads.items()})
+        return {name: self.actors[name].collect.remote(step, *tokens[name]) for name in self.actors}
 
     def _void(self, reports: list[Any]) -> SyncOutput:
         out = void_step(self.plan, reports)  # raises under "raise": step not counted

@@ -150,10 +150,17 @@ def get_or_fail(refs: list[Any], what: str, timeout_s: float, deadline: float | 
                 actors: Mapping[str, Any], ping: str) -> list[Any]:
     """``ray.get`` within ``timeout_s`` (or until ``deadline``, a ``time.monotonic()``): a timeout or a lost
     actor calls ``fail(reason)`` and raises :class:`SyncTimeoutError` / :class:`WorkerLostError` naming the
-    dead actors; a failed task's ``RayTaskError`` is the caller's to map."""
-    timeout = timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
+    dead actors; a failed task's ``RayTaskError`` is the caller's to map.  Results are taken as they come,
+    so one failed call ends the wait at once even while others are still blocked (say, on a peer that died)."""
+    end = time.monotonic() + timeout_s if deadline is None else deadline
+    pending = list(refs)
     try:
-        return ray.get(refs, timeout=timeout)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, end - time.monotonic()))
+            if not ready:
+                raise GetTimeoutError(what)
+            ray.get(ready)  # raises this call's error now, not after the slowest call
+        return ray.get(refs)
     except GetTimeoutError:
         fail(f"timed out after {timeout_s:.0f}s while {what}")
         raise SyncTimeoutError(f"{what}: no result within timeout_s={timeout_s:.0f}s") from None
@@ -161,7 +168,6 @@ def get_or_fail(refs: list[Any], what: str, timeout_s: float, deadline: float | 
         lost = dead_actors(actors, ping)
         fail(f"actor(s) {lost or '?'} lost while {what}")
         raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
-
 
 
 class ActorGroup:

@@ -22,18 +22,22 @@ def _local(plan: casync.SyncPlan) -> Iterator[Any]:
         yield engine
 
 
-@contextmanager
-def _ray_objectstore(plan: casync.SyncPlan) -> Iterator[Any]:
-    from casync.runtime.ray_engine import RayEngine
+def _ray(transport: str) -> Callable[[casync.SyncPlan], Any]:
+    @contextmanager
+    def make(plan: casync.SyncPlan) -> Iterator[Any]:
+        from casync.runtime.ray_engine import RayEngine
 
-    with RayEngine(plan, timeout_s=60) as engine:
-        yield engine
+        with RayEngine(plan, timeout_s=60, transport=transport) as engine:
+            yield engine
+
+    return make
 
 
 #: engine name -> (context manager making the engine for a plan, needs Ray)
 ENGINES: dict[str, tuple[Callable[[casync.SyncPlan], Any], bool]] = {
     "local": (_local, False),
-    "ray-objectstore": (_ray_objectstore, True),
+    "ray-gloo": (_ray("gloo"), True),
+    "ray-objectstore": (_ray("objectstore"), True),
 }
 
 

@@ -1,0 +1,102 @@
+"""The Ray actor of the direct data plane: one actor's share of a plan on a per-rank executor, one call a step.
+
+The actors of an engine form a torch.distributed process group (``casync.transport.torchdist``); payloads go
+actor to actor over it, and Ray only starts the actors, hands each its gradients and takes back its results.
+Residuals of a step are committed when the step ends; with ``keep_previous`` the state before it is kept,
+so the driver can roll back a step it voids after the fact (NaN/Inf found by an actor's own scan).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from primitives.ir import Actor
+
+from ..engines.executor import RankExecutor
+from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
+from ..schedule import ActorShare
+from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
+from .ray_actor import _keep_freed_memory
+
+
+class ExecutorActor:
+    """Hosts :class:`~casync.engines.executor.RankExecutor` for one actor of a plan."""
+
+    def __init__(self, name: str, share: ActorShare, codecs: dict, plan_seed: int,
+                 partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float):
+        _keep_freed_memory()
+        self.name = name
+        self.actor = Actor.parse(name)
+        self.share, self.codecs, self.plan_seed, self.partitions = share, codecs, plan_seed, partitions
+        self.layouts = layouts
+        self.timeout_s = timeout_s
+        self.residuals: dict[str, np.ndarray] = {}
+        self.previous: dict[str, np.ndarray] | None = None
+        self.executor: RankExecutor | None = None
+
+    # -- set-up ----------------------------------------------------------------------------------------------
+    def rendezvous(self, port: int | None) -> tuple[str, int]:
+        """Where the group meets: this actor's node address and a free (or the configured) port."""
+        address = ray.util.get_node_ip_address()
+        return address, port or free_port()
+
+    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None) -> str:
+        """Join the group (every actor calls this at once); returns the interface gloo uses."""
+        ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
+        init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
+                   ifname=ifname)
+        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions,
+                                     TorchChannel(self.name, ranks), self.timeout_s)
+        return ifname or ""
+
+    # -- a step ------------------------------------------------------------------------------------------------
+    def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,
+                 keep_previous: bool = False) -> tuple[dict[str, np.ndarray], list[tuple], list[NonFiniteReport]]:
+        """Synchronize ``step``: this worker's flat bucket gradients in (None on a server), its results out.
+
+        ``flagged``: the (bucket, partition) pairs holding NaN/Inf as the driver's scan found them; None when
+        the driver has not seen the gradients (they came as an ObjectRef): then this actor scans them."""
+        start = time.time()
+        reports: list[NonFiniteReport] = []
+        grads = grads or {}
+        if flagged is None and grads and self.actor.is_worker:
+            reports, flagged = scan_worker(self.layouts, self.actor.index, grads)
+        flagged = set(flagged or ())
+        executor = self.executor
+        executor.begin(step, self.residuals)
+        for bucket, flat in grads.items():
+            executor.provide(bucket, flat, {f for f in flagged if f[0] == bucket})
+        records = [("load", "", -1, start, time.time(), sum(g.nbytes for g in grads.values()), "", 0.0)]
+        results, residuals, ops = executor.finish()
+        self.previous = self.residuals if keep_previous else None
+        self.residuals = residuals
+        return results, records + ops, reports
+
+    def rollback(self) -> None:
+        """Undo the last step's residual updates (the driver voided that step)."""
+        if self.previous is not None:
+            self.residuals, self.previous = self.previous, None
+
+    def discard(self) -> None:
+        """Nothing is half-done between calls: a failed step never committed its residuals."""
+
+    # -- state and introspection ---------------------------------------------------------------------------------
+    def get_residuals(self) -> dict[str, np.ndarray]:
+        return self.residuals
+
+    def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
+        self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
+        self.previous = None
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+RemoteExecutorActor = ray.remote(ExecutorActor)

@@ -1,0 +1,108 @@
+"""A torch.distributed process group as the data plane: gloo on CPU, NCCL where GPUs exist.
+
+The actors of a plan form one group, set up as Ray Train sets up its workers: rank 0 picks its address and a
+free port, every actor calls ``init_process_group`` with a TCP rendezvous there and a timeout of its own
+(a dead peer surfaces as an error within it, never as a hang).  Buffers are NumPy arrays, handed to torch
+without copies.  The transport is unauthenticated: keep its ports inside the cluster's network
+(see docs/cluster.md).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import SyncError
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on this machine right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def node_address() -> str:
+    """This machine's address as other nodes see it (the one a UDP socket towards a public address would use),
+    127.0.0.1 when it has no route out."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds IPv4 ``address`` on this machine (Linux), or None."""
+    import fcntl
+    import struct
+
+    if address.startswith("127."):
+        return "lo"
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+        if socket.inet_ntoa(raw[20:24]) == address:
+            return name
+    return None
+
+
+def init_group(rank: int, world: int, master: str, port: int, *, backend: str = "gloo", timeout_s: float = 60.0,
+               ifname: str | None = None) -> Any:
+    """Join the process group of the plan's actors (this process's default group); returns torch.distributed.
+
+    ``ifname``: the network interface gloo uses (``GLOO_SOCKET_IFNAME``), for machines where the default
+    route is not the cluster's network."""
+    import torch.distributed as dist
+
+    if ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return dist
+
+
+class TorchChannel:
+    """An actor's end of the process group; ``ranks`` maps actor names to group ranks."""
+
+    def __init__(self, actor: str, ranks: Mapping[str, int], group: Any = None):
+        import torch
+        import torch.distributed as dist
+
+        self.actor = actor
+        self.ranks = dict(ranks)
+        self.group = group
+        self._dist, self._torch = dist, torch
+        self._aborted: str | None = None
+
+    def _peer(self, peer: str) -> int:
+        rank = self.ranks[peer]
+        if self.group is None:
+            return rank
+        return self._dist.get_global_rank(self.group, rank)
+
+    def isend(self, buf: np.ndarray, peer: str, tag: int) -> Any:
+        self._check()
+        return self._dist.isend(self._torch.from_numpy(buf), self._peer(peer), group=self.group, tag=tag)
+
+    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> Any:
+        self._check()
+        return self._dist.irecv(self._torch.from_numpy(buf), self._peer(peer), group=self.group, tag=tag)
+
+    def _check(self) -> None:
+        if self._aborted:
+            raise SyncError(f"{self.actor}: the data plane was aborted: {self._aborted}")
+
+    def abort(self, reason: str) -> None:
+        """Refuse further transfers; transfers in flight end by the group's timeout or when the engine
+        stops the processes (a Ray engine kills every actor of a failed step)."""
+        self._aborted = reason
