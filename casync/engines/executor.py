@@ -96,6 +96,11 @@ class RankExecutor:
         self._bodies = {i: np.empty(self._layouts[i].nbytes, np.uint8) for i in self.share.recvs}
         self._posted = {i: self.channel.irecv(self._bodies[i], ops[i].peer, body_tag(ops[i].transfer))
                         for i in self.share.recvs}
+        # every header is posted ahead too (same tag: they fill in the order the peer sends), so a sender
+        # never waits for its receiver to ask for the next message
+        self._headers = {peer: [(h, self.channel.irecv(h.view(np.uint8), peer, HEADER_TAG))
+                                for h in np.zeros((len(idx), HEADER_WORDS), np.int64)]
+                         for peer, idx in self._from_peer.items()}
         self._threads = [threading.Thread(target=self._receive, args=(peer, len(idx)), daemon=True,
                                           name=f"casync-recv-{self.actor}<-{peer}")
                          for peer, idx in self._from_peer.items()]
@@ -207,10 +212,9 @@ class RankExecutor:
 
     # -- receiver threads -----------------------------------------------------------------------------------
     def _receive(self, peer: str, count: int) -> None:
-        header = np.empty(HEADER_WORDS, np.int64)
         try:
-            for _ in range(count):
-                self.channel.irecv(header.view(np.uint8), peer, HEADER_TAG).wait()
+            for header, handle in self._headers[peer]:
+                handle.wait()
                 transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
                 index = self._by_transfer.get(transfer)
                 if index is None or self.share.ops[index].peer != peer or step != self._step:

@@ -84,6 +84,12 @@ def effective_partitions(choice: BucketChoice, workers: int, numel: int) -> int:
     return max(1, min(default, -(-numel // MIN_PARTITION_NUMEL)))
 
 
+def bucket_priority(index: int, count: int) -> int:
+    """The priority of the ``index``-th of ``count`` buckets (backward order): lower runs first, and the
+    buckets the next forward pass needs first (the last in backward order) come first, as in ByteScheduler."""
+    return count - 1 - index
+
+
 def _partitions(choice: BucketChoice, workers: int, numel: int, compact: bool) -> int:
     parts = effective_partitions(choice, workers, numel)
     if compact:
@@ -123,11 +129,12 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
         servers = choice.servers if strategy.takes_servers else None
         bucket = Bucket(name=name, members=members, strategy=choice.strategy, codec=choice.codec,
                         partitions=split_even(offset, _partitions(choice, workers, offset, compact)),
-                        priority=index, two_way=choice.two_way, servers=servers, error_feedback=error_feedback,
+                        priority=bucket_priority(index, len(groups)), two_way=choice.two_way, servers=servers,
+                        error_feedback=error_feedback,
                         note=choice.note)
         buckets.append(bucket)
         unit = Unit(bucket=name, partitions=tuple(bucket.partitions), workers=workers, codec=choice.codec,
-                    error_feedback=error_feedback, divisor=workers if op == "mean" else 1, priority=index,
+                    error_feedback=error_feedback, divisor=workers if op == "mean" else 1, priority=bucket.priority,
                     servers=servers, two_way=choice.two_way)
         (strategy.expand_compact if compact else strategy.expand)(builder, unit)
     plan = SyncPlan(graph=builder.graph, tensors=list(specs), buckets=buckets, workers=workers,

@@ -13,7 +13,14 @@ import numpy as np
 
 from primitives.codecs import Codec, get_codec
 
-from ..plan.assemble import BucketChoice, assemble_plan, effective_partitions, make_buckets, name_buckets
+from ..plan.assemble import (
+    BucketChoice,
+    assemble_plan,
+    bucket_priority,
+    effective_partitions,
+    make_buckets,
+    name_buckets,
+)
 from ..plan.ready import bucket_ready_times
 from ..plan.specs import TensorSpec
 from ..sim.costmodel import ClusterModel, Profile
@@ -211,7 +218,7 @@ class Planner:
     def table(self, assign: Sequence[int]) -> OpTable:
         """The simulator's op table of the plan ``assign`` stands for, glued from per-bucket fragments: each
         distinct (bucket size, option) is expanded once per planning call, however many candidates use it."""
-        return OpTable.concat([(self._fragment(b, j), b.name, index)
+        return OpTable.concat([(self._fragment(b, j), b.name, bucket_priority(index, len(self.buckets)))
                                for index, (b, j) in enumerate(zip(self.buckets, assign))])
 
     def _fragment(self, bucket: PlanBucket, j: int) -> OpTable:

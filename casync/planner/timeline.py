@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..plan.assemble import bucket_priority
 from .estimator import Cost
 
 #: seconds: smaller estimated differences are ties
@@ -66,13 +67,14 @@ def step(free: np.ndarray, mt: np.ndarray, r: float, head: np.ndarray, work: np.
 
 
 class Timeline:
-    """Espresso-style timeline model: buckets claim per-worker compute / egress / ingress in ready order."""
+    """Espresso-style timeline model: buckets claim per-worker compute / egress / ingress in ready order, ties
+    (buckets ready together) in the order of the schedule's bucket priority (``bucket_priority``)."""
 
     def __init__(self, ready: Sequence[float], workers: int, resources: int):
         self.ready = list(ready)
         self.N = workers
         self.R = resources
-        self.order = sorted(range(len(ready)), key=lambda b: (ready[b], b))
+        self.order = sorted(range(len(ready)), key=lambda b: (ready[b], bucket_priority(b, len(ready))))
         self.pos = {b: i for i, b in enumerate(self.order)}
 
     def run(self, costs: Sequence[Cost]) -> tuple[float, float, list[float], list[tuple]]:

@@ -208,14 +208,15 @@ def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CAL
     return [build_plan(tensors, workers=workers, strategy=s, codec=c) for s, c in configs]
 
 
-def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0) -> list[list[dict[str, Any]]]:
+def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0,
+                      transport: str = "objectstore") -> list[list[dict[str, Any]]]:
     """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: one warm-up, then ``iters``
     steps; returns each step's timeline."""
     from ..engines.inputs import flatten_worker_grads, random_grads
     from .ray_engine import RayEngine
 
     flats, _ = flatten_worker_grads(plan, random_grads(plan))
-    with RayEngine(plan, timeout_s=timeout_s) as engine:
+    with RayEngine(plan, timeout_s=timeout_s, transport=transport) as engine:
         engine.run_flat(flats)
         steps = []
         for _ in range(iters):
@@ -270,7 +271,7 @@ def measure_dispatch(iters: int = 20, tensors: int = 48, workers: int = 2) -> fl
     plan = build_plan([(f"tiny{i}", (256,)) for i in range(tensors)], workers=workers, strategy="ring",
                       codec="onebit", bucket_bytes=1)
     flats, _ = flatten_worker_grads(plan, random_grads(plan))
-    with RayEngine(plan, timeout_s=120) as engine:
+    with RayEngine(plan, timeout_s=120, transport="objectstore") as engine:
         actors = set(ray.get([a.pid.remote() for a in engine.actors.values()]))
         engine.run_flat(flats)
         services = _ray_service_pids(actors)

@@ -26,8 +26,7 @@ from ..engines.state import EngineState
 from ..engines.timeline import op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
-from ..schedule import Program, compile_program
-from ..schedule import actor_shares
+from ..schedule import Program, actor_shares, compile_program
 from .executor_actor import RemoteExecutorActor
 from .ray_actor import RemoteSyncActor
 from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, positive_number

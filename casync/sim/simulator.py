@@ -22,9 +22,11 @@ from typing import Any, Mapping
 
 from ..plan.ready import bucket_ready_times
 from ..plan.syncplan import SyncPlan
-from ..schedule import order_key
+from ..schedule import priority_key
 from .costmodel import ClusterModel, Profile
 from .optable import KINDS, RECV, SEND, OpTable
+
+_READY, _SENT, _FREE = 0, 1, 2  # event kinds, in the order simultaneous events are handled
 
 
 @dataclass
@@ -111,7 +113,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
 
     pool_of = [pool_lanes(node_of[a]) for a in range(n_actors)]
     head = pool_lanes(0) if profile.dispatch_s else None
-    dispatch, task_cost = profile.dispatch_s, profile.task_cost_s
+    dispatch_cpu, task_cost = profile.dispatch_s, profile.task_cost_s
     lane_free = [0.0] * len(lane_names)
     lane_last = [-1] * len(lane_names)
 
@@ -137,29 +139,120 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     begin = [0.0] * n_ops
     delay = [0.0] * n_ops  # recv -> seconds its payload takes to become usable after the link
     sender = [-1] * n_ops  # recv -> its send
+    lanes_held: list[tuple] = [()] * n_ops
+    sent_at = [0.0] * n_ops  # send -> when its payload went on the wire
     last, last_end = -1, -math.inf  # the op that ends last (the first such, in processing order)
-    heap: list[tuple[float, int, int, int, int]] = []  # (*order_key, op)
+    # the one schedule's priority: an actor's free lane takes its most urgent waiting op
+    urgency = [0] * n_ops
+    for position, n in enumerate(sorted(range(n_ops), key=lambda n: priority_key(priority[n], hop[n], round_attr[n],
+                                                                                 rank[n]))):
+        urgency[n] = position
+    queues: list[list[tuple[int, int]]] = [[] for _ in range(n_actors)]  # per actor: (urgency, op) ready
+    events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, op or actor)
+    seq = 0
     start_of = [bucket_ready.get(name, 0.0) for name in table.buckets]
     for n in range(n_ops):
         if indeg[n] == 0:
             ready[n] = start_of[bucket_of[n]]
-            heap.append((*order_key(ready[n], priority[n], round_attr[n], rank[n]), n))
-    heapq.heapify(heap)
+            events.append((ready[n], _READY, n, n))
+    heapq.heapify(events)
     task_seen: set[tuple[int, int, int]] = set()
     link_memo: dict[tuple[int, bool], tuple[float, float]] = {}
     link_bytes: dict[tuple[str, str], int] = defaultdict(int)
     rows: list[dict[str, Any]] = []
     done = 0
     pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        t_ready, _, _, _, n = pop(heap)
+    touched: set[int] = set()
+
+    def finished(n: int, finish: float) -> None:
+        """``n`` ends at ``finish``: record it and make its successors ready when all their inputs are."""
+        nonlocal last, last_end, done
         done += 1
-        k, actor = kind[n], actor_of[n]
-        start, lanes, duration, wire = t_ready, (), 0.0, 0.0
-        if k == SEND:
+        end[n] = finish
+        if finish > last_end:
+            last, last_end = n, finish
+        for s in succ[n]:
+            if finish >= ready[s]:
+                ready[s] = finish
+                cause[s] = n
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                push(events, (ready[s], _READY, s, s))
+
+    def row(n: int, op: str, start: float, finish: float, lane: str) -> None:
+        rows.append(dict(op=op, actor=table.actors[actor_of[n]], bucket=table.buckets[bucket_of[n]],
+                         part=table.part[n], start=start, end=finish, nbytes=nbytes[n], node=table.names[n], lane=lane))
+
+    def dispatch(actor: int, now: float) -> None:
+        """Start the actor's most urgent waiting ops on its lanes that are free by ``now``."""
+        nonlocal seq
+        queue = queues[actor]
+        while queue:
+            lane = least_busy(lanes_of[actor])
+            if lane_free[lane] > now:
+                return
+            _, n = heapq.heappop(queue)
+            lanes = [lane]
+            pool = pool_of[actor]
+            if pool is not None:
+                lanes.append(least_busy(pool))
+            start = ready[n]
+            for held in lanes:
+                if lane_free[held] > start:  # waited for a lane: the op that held it is on the critical path
+                    start = lane_free[held]
+                    cause[n] = lane_last[held]
+            k = kind[n]
+            if k == SEND:
+                duration = profile.store_s(nbytes[n])
+            else:
+                duration = duration_of[n]
+                key = (actor, bucket_of[n], hop[n])
+                if key not in task_seen:
+                    task_seen.add(key)
+                    duration += task_cost
+                    if head is not None:  # the driver and raylet's CPU for this task, on the head node's cores
+                        core = least_busy(head)
+                        lane_free[core] = max(lane_free[core], ready[n]) + dispatch_cpu
+            finish = start + duration
+            begin[n] = start
+            for held in lanes:
+                lane_free[held] = finish
+                lane_last[held] = n
+            lanes_held[n] = tuple(lanes)
+            seq += 1
+            push(events, (finish, _FREE, seq, actor))
+            if k == SEND:  # NICs are granted in issue order, a shifted exchange round by round across actors
+                push(events, (finish, _SENT, (round_attr[n] << 40) + seq, n))
+            else:
+                if records:
+                    row(n, KINDS[k], start, finish, lane_names[lane])
+                finished(n, finish)
+
+    while events:
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, event, _, n = pop(events)
+            if event == _FREE:
+                touched.add(n)
+                continue
+            k = kind[n]
+            if event == _READY and k != RECV:
+                heapq.heappush(queues[actor_of[n]], (urgency[n], n))
+                touched.add(actor_of[n])
+                continue
+            if event == _READY:  # a recv: its payload arrived
+                begin[n] = now
+                if records:
+                    rows.append(dict(op="recv", actor=table.actors[actor_of[n]], bucket=table.buckets[bucket_of[n]],
+                                     part=table.part[n], start=sent_at[sender[n]] if sender[n] >= 0 else now, end=now,
+                                     nbytes=nbytes[n], node=table.names[n], lane=f"{table.actors[actor_of[n]]}/ingress"))
+                finished(n, now)
+                continue
+            # a send is done on its actor: the payload crosses the NICs (first come, first served), then waits
+            # the link's delay before its recv can use it
             if len(succ[n]) != 1:
                 raise ValueError(f"send {table.names[n]!r} must feed exactly one recv, feeds {len(succ[n])}")
-            recv = succ[n][0]
+            actor, recv = actor_of[n], succ[n][0]
             sender[recv] = n
             dst = peer[n]
             same = node_of[actor] == node_of[dst]
@@ -168,76 +261,46 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             if costs is None:
                 costs = link_memo[(size, same)] = profile.link_s(size, same, cluster)
             wire, delay[recv] = costs
-            duration = profile.store_s(size)
-            nic = (egress[actor], ingress[actor_of[recv]])
-            if duration > 0:  # the sender's copy into the object store, then the wire
-                lanes = compute_lanes(actor)
-            elif wire > 0:
-                lanes, duration, wire = nic, wire, 0.0
             if not same:
                 link_bytes[(table.actors[actor], table.actors[dst])] += size
-        elif k != RECV:
-            lanes = compute_lanes(actor)
-            duration = duration_of[n]
-            key = (actor, bucket_of[n], hop[n])
-            if key not in task_seen:
-                task_seen.add(key)
-                duration += task_cost
-                if head is not None:  # the driver and raylet's CPU for this task, on the head node's cores
-                    core = least_busy(head)
-                    lane_free[core] = max(lane_free[core], t_ready) + dispatch
-        if lanes:
-            held = lanes[0]
-            for lane in lanes:
-                if lane_free[lane] > lane_free[held]:
-                    held = lane
-            if lane_free[held] > start:  # waited for a lane: the op that held it is on the critical path
-                start = lane_free[held]
-                cause[n] = lane_last[held]
-        finish = start + duration
-        if k == RECV:
-            finish += delay[n]
-        end[n] = finish
-        begin[n] = start
-        if finish > last_end:
-            last, last_end = n, finish
-        for lane in lanes:
-            lane_free[lane] = finish
-            lane_last[lane] = n
-        if wire > 0:  # the payload crosses the NICs once stored; the recv waits for the wire to finish
-            wire_start = max(finish, lane_free[nic[0]], lane_free[nic[1]])
-            for lane in nic:
-                lane_free[lane] = wire_start + wire
-                lane_last[lane] = n
-            delay[recv] += wire_start + wire - finish
-            if records:
-                rows.append(dict(op="wire", actor=table.actors[actor], bucket=table.buckets[bucket_of[n]],
-                                 part=table.part[n], start=wire_start, end=wire_start + wire, nbytes=nbytes[n],
-                                 node=table.names[n], lane=lane_names[nic[0]]))
-        if records:
-            name = table.actors[actor]
-            if k != RECV:
-                rows.append(dict(op=KINDS[k], actor=name, bucket=table.buckets[bucket_of[n]], part=table.part[n],
-                                 start=start, end=finish, nbytes=nbytes[n], node=table.names[n],
-                                 lane=lane_names[lanes[0]] if lanes else name))
-            else:
-                rows.append(dict(op="recv", actor=name, bucket=table.buckets[bucket_of[n]], part=table.part[n],
-                                 start=begin[sender[n]] if sender[n] >= 0 else start, end=finish,
-                                 nbytes=nbytes[n], node=table.names[n], lane=f"{name}/ingress"))
-        for s in succ[n]:
-            if finish >= ready[s]:
-                ready[s] = finish
-                cause[s] = n
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                push(heap, (*order_key(ready[s], priority[s], round_attr[s], rank[s]), s))
+            arrive, stored = now, now > begin[n]
+            sent_at[n] = now
+            if wire > 0:
+                nic = (egress[actor], ingress[actor_of[recv]])
+                wire_start = max(now, lane_free[nic[0]], lane_free[nic[1]])
+                if wire_start > now:  # waited for a NIC: the transfer that held it is on the critical path
+                    cause[n] = lane_last[nic[0] if lane_free[nic[0]] >= lane_free[nic[1]] else nic[1]]
+                for lane in nic:
+                    lane_free[lane] = wire_start + wire
+                    lane_last[lane] = n
+                arrive = wire_start + wire
+                sent_at[n] = wire_start
+                if records:  # the sender's copy (if any) on its lane, then the wire on its egress
+                    row(n, "wire" if stored else "send", wire_start, arrive, lane_names[nic[0]])
+            if records and (stored or wire <= 0):
+                row(n, "send", begin[n], now, lane_names[lanes_held[n][0]])
+            end[n] = arrive  # the send's part of the critical path ends when the payload is on the far side
+            done += 1
+            if arrive > last_end:
+                last, last_end = n, arrive
+            recv_ready = arrive + delay[recv]
+            if recv_ready >= ready[recv]:
+                ready[recv] = recv_ready
+                cause[recv] = n
+            indeg[recv] -= 1
+            if indeg[recv] == 0:
+                push(events, (recv_ready, _READY, recv, recv))
+        for actor in sorted(touched):
+            dispatch(actor, now)
+        touched.clear()
     if done != n_ops:
         raise ValueError("plan graph has a cycle; cannot simulate")
     iteration = max(end, default=0.0)
     if not records:
         return Timeline(records=[], iteration_time=iteration, critical_path=[], bytes_per_link=dict(link_bytes))
-    path, node = [], last
-    while node >= 0:
+    path, node, seen = [], last, set()
+    while node >= 0 and node not in seen:  # each step goes to what held it back (a lane or an input)
+        seen.add(node)
         path.append(table.names[node])
         node = cause[node]
     lanes_used = sorted({r["lane"] for r in rows})

@@ -73,7 +73,7 @@ def test_bucketing_fuses_small_tensors_in_backward_order():
     # pairs of 400 B fill 1000 B buckets; the last pending pair rides along with the large tensor
     assert [b.tensor_names for b in plan.buckets] == [["t0", "t1"], ["t2", "t3"], ["t4", "t5"], ["t6", "t7"],
                                                      ["t8", "t9", "big"]]
-    assert [b.priority for b in plan.buckets] == list(range(5))
+    assert [b.priority for b in plan.buckets] == [4, 3, 2, 1, 0]  # the next forward needs the last bucket first
     assert plan.bucket("bucket4").members[2].offset == 200 and plan.bucket("bucket4").numel == 10_200
     unfused = casync.build_plan(shapes, workers=2, bucket_bytes=0)
     assert len(unfused.buckets) == 11
