@@ -15,6 +15,7 @@ from .errors import (
     PlanError,
     PlanFormatError,
     ReplicaMismatchError,
+    ResourcesUnavailableError,
     SyncError,
     SyncTimeoutError,
     WorkerLostError,
@@ -54,7 +55,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
 __all__ = ["Bucket", "ClusterModel", "Codec", "Engine", "LocalEngine", "NonFiniteGradientError", "NonFiniteReport",
-           "PlanError", "PlanFormatError", "Profile", "RayEngine", "ReplicaMismatchError", "Strategy", "SyncError",
+           "PlanError", "PlanFormatError", "Profile", "RayEngine", "ReplicaMismatchError", "ResourcesUnavailableError", "Strategy", "SyncError",
            "SyncOutput", "SyncPlan", "SyncTimeoutError", "TensorSpec", "Timeline", "Trainer", "WorkerLostError",
            "available_codecs", "available_strategies", "backward_ready_times", "build_plan", "choose_plan",
            "get_codec", "get_strategy", "model_names", "profile", "register_codec", "register_strategy", "simulate"]

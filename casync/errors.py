@@ -16,6 +16,10 @@ class SyncTimeoutError(SyncError, TimeoutError):
     """A sync did not finish within the engine's ``timeout_s``."""
 
 
+class ResourcesUnavailableError(SyncTimeoutError):
+    """An engine's actors cannot be placed: the cluster lacks the CPUs, or other engines hold them."""
+
+
 class ReplicaMismatchError(SyncError):
     """Workers that must hold bit-identical values do not."""
 

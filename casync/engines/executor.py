@@ -57,8 +57,9 @@ class RankExecutor:
         self.timeout_s = float(timeout_s)
         self.actor = share.actor
         ops = share.ops
-        self._layouts = {i: layout(self.codecs[ops[i].attrs["codec"]], ops[i].attrs["numel"])
-                         for i in share.sends + share.recvs}
+        self._plan_layouts = {i: layout(self.codecs[ops[i].attrs["codec"]], ops[i].attrs["numel"])
+                              for i in share.sends + share.recvs}
+        self._layouts = self._plan_layouts
         self._by_transfer = {ops[i].transfer: i for i in share.recvs}
         self._from_peer: dict[str, list[int]] = {}
         for i in share.recvs:
@@ -68,12 +69,18 @@ class RankExecutor:
         self._step: int | None = None
 
     # -- a step ------------------------------------------------------------------------------------------
-    def begin(self, step: int, residuals: Mapping[str, np.ndarray]) -> None:
-        """Open ``step``: post every receive of the step and start the receiver threads."""
+    def begin(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None = None) -> None:
+        """Open ``step``: post every receive of the step and start the receiver threads.  ``codecs``: this
+        step's codec objects by key, when they differ from the plan's (a sparsity warm-up); every actor must
+        pass the same."""
         if self._step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self._step} is still open")
         ops = self.share.ops
         self._step = step
+        self._codecs = dict(codecs) if codecs else self.codecs
+        self._layouts = self._plan_layouts if not codecs else {
+            i: layout(self._codecs[ops[i].attrs["codec"]], ops[i].attrs["numel"]) for i in self.share.sends + self.share.recvs}
+        self.sent_bytes = self.raw_bytes = 0
         self._deadline = time.monotonic() + self.timeout_s
         self._values: list[Any] = [None] * len(ops)
         self._waiting = [len(op.inputs) for op in ops]
@@ -173,7 +180,7 @@ class RankExecutor:
         if a.get("local_input"):
             start, stop = self.partitions[a["bucket"]][a["part"]]
             local = self._grads[a["bucket"]][start:stop]
-        result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self.codecs,
+        result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
                           residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged)
         if a.get("output"):
             start, stop = self.partitions[a["bucket"]][a["part"]]
@@ -186,6 +193,8 @@ class RankExecutor:
         side = side_channel(payload)
         header = np.array([op.transfer, self._step, side_count(side), 0], np.int64)
         peer = op.peer
+        self.sent_bytes += body.nbytes + (0 if side is None else side.nbytes)
+        self.raw_bytes += 4 * op.attrs["numel"]
         self._sends.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
         self._sends.append((self.channel.isend(body, peer, body_tag(op.transfer)), body))
         if side is not None:

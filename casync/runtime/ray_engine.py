@@ -111,7 +111,7 @@ class RayEngine(EngineBase):
     # -- lifecycle -------------------------------------------------------------
     def _start_actors(self, placement: str, cpus: float) -> None:
         names = self.plan.actors
-        self.group.place([cpus] * len(names), placement)
+        self.group.place([cpus] * len(names), placement, owner="RayEngine")
         partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
         if self.transport == "objectstore":
             for index, name in enumerate(names):

@@ -20,10 +20,12 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..errors import ResourcesUnavailableError, SyncError, SyncTimeoutError, WorkerLostError
 
 #: CPUs an actor reserves by default: a nominal share, so placement (spread/pack) matters, not CPU accounting
 DEFAULT_CPUS_PER_ACTOR = 0.1
+#: Seconds to wait for a placement before checking whether it can succeed at all
+PLACEMENT_PATIENCE_S = 5.0
 
 
 @contextmanager
@@ -170,6 +172,24 @@ def get_or_fail(refs: list[Any], what: str, timeout_s: float, deadline: float | 
         raise WorkerLostError(f"{what}: actor(s) {lost or '(unknown)'} died: {exc.__class__.__name__}") from exc
 
 
+def _placement_blocked(wanted_cpus: float) -> str:
+    """Why ``wanted_cpus`` cannot be placed now, when it is clear: too few CPUs in the whole cluster, or other
+    casync engines holding them (named); empty when Ray may still find room (nodes joining)."""
+    from ray.util.placement_group import placement_group_table
+
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if wanted_cpus > total:
+        return f"the cluster has {total:g} CPUs in all"
+    holders = [f"{v['name']} ({sum(b.get('CPU', 0.0) for b in v['bundles'].values()):g} CPUs)"
+               for v in placement_group_table().values()
+               if v.get("state") == "CREATED" and str(v.get("name", "")).startswith("casync-")]
+    free = ray.available_resources().get("CPU", 0.0)
+    if holders and wanted_cpus > free:
+        return (f"{free:g} of the cluster's {total:g} CPUs are free; other casync engines hold {', '.join(holders)} "
+                "— close() them (or use them in a with block) first, or ask for fewer CPUs per actor")
+    return ""
+
+
 class ActorGroup:
     """The actors of one engine, in one placement group; ``get`` maps failures and marks the group broken.
 
@@ -188,17 +208,27 @@ class ActorGroup:
         self.pg = None
         self.owns_ray = connect_ray(address, num_cpus=num_cpus)
 
-    def place(self, cpus: list[float], placement: str, hint: str = "") -> None:
-        """Reserve one bundle per actor (``"spread"`` over nodes or ``"pack"``) within the timeout."""
+    def place(self, cpus: list[float], placement: str, hint: str = "", owner: str = "engine") -> None:
+        """Reserve one bundle per actor (``"spread"`` over nodes or ``"pack"``) within the timeout.
+
+        When the CPUs are held by other casync engines, or the cluster has too few, this fails within
+        :data:`PLACEMENT_PATIENCE_S` (not the whole timeout), naming who holds what and how to free it."""
         if placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {placement!r}")
-        self.pg = placement_group([{"CPU": c} for c in cpus], strategy="SPREAD" if placement == "spread" else "PACK")
-        try:
-            ray.get(self.pg.ready(), timeout=self.timeout_s)
-        except GetTimeoutError:
-            raise SyncTimeoutError(f"placement group of {len(cpus)} actors ({sum(cpus):g} CPUs) not ready in "
-                                   f"{self.timeout_s:.0f}s; cluster resources: {ray.cluster_resources()}"
-                                   + (f"; {hint}" if hint else "")) from None
+        self.pg = placement_group([{"CPU": c} for c in cpus], strategy="SPREAD" if placement == "spread" else "PACK",
+                                  name=f"casync-{owner}-{os.getpid()}-{id(self):x}")
+        waited, patience = 0.0, min(self.timeout_s, PLACEMENT_PATIENCE_S)
+        while True:
+            step = patience if waited < patience else self.timeout_s - waited
+            ready, _ = ray.wait([self.pg.ready()], timeout=max(0.0, step))
+            if ready:
+                return
+            waited += step
+            why = _placement_blocked(sum(cpus))
+            if why or waited >= self.timeout_s:
+                raise ResourcesUnavailableError(
+                    f"placement group of {len(cpus)} actors ({sum(cpus):g} CPUs) not ready in {waited:.0f}s: "
+                    + (why or f"cluster resources: {ray.cluster_resources()}") + (f"; {hint}" if hint else ""))
 
     def start(self, name: str, remote_cls: Any, bundle: int, cpus: float, *args: Any, **options: Any) -> Any:
         """Start actor ``name`` of ``remote_cls`` in bundle ``bundle``; no restarts, no retries (a lost actor

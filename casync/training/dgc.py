@@ -13,6 +13,18 @@ def warmup_ratio(step: int, target: float, start: float, steps: int) -> float:
     return float(start * (target / start) ** (step / steps))
 
 
+def step_codecs(step: int, full: bool, codecs: dict, warmup: dict, start: float, steps: int) -> tuple[dict | None, float | None]:
+    """This step's codec objects by key when the sparsity warm-up changes them (None: the plan's), and the
+    density it keeps; every actor of a step computes the same (senders and receivers must agree)."""
+    if full or not warmup:
+        return None, None
+    out, density = dict(codecs), None
+    for key, codec in warmup.items():
+        density = warmup_ratio(step, codec.ratio, start, steps)
+        out[key] = type(codec)(**dict(codec.params(), ratio=density))
+    return out, density
+
+
 class MomentumCorrection:
     """Per-worker momentum ``u`` moved before compression (DGC): ``u = m*u + g`` is what gets synchronized.
 

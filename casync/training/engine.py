@@ -1,13 +1,12 @@
-"""Driver side of a Trainer on Ray: start the worker (and PS server) actors, submit training steps, map
-failures to typed errors, keep the measured timeline.
+"""Driver side of a Trainer on Ray: start the worker (and PS server) actors, form their process group,
+submit training steps, map failures to typed errors, keep the measured timeline.
 
-A step is submitted whole: every worker's ``train_step``, every fused sync task of the plan (ObjectRefs
-of payloads go actor to actor, never through the driver), every actor's ``finish`` and every worker's
+A step is a few calls per actor: every worker's ``train_step`` (its buckets go to its per-rank executor as
+backward fills them; payloads go actor to actor over the group), every actor's ``finish`` and every worker's
 ``apply``.  The driver fetches only small per-step statistics.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -22,9 +21,9 @@ from ..engines.nonfinite import layouts
 from ..engines.timeline import TimelineBuffer, op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
-from ..runtime.ray_engine import submit_iteration
 from ..runtime.ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup
-from ..schedule import Program, compile_program
+from ..schedule import actor_shares
+from .dgc import step_codecs
 from .options import TrainOptions
 from .step_sync import SYNC_GROUP, StepSyncActor
 from .worker import TrainWorker
@@ -44,12 +43,6 @@ class StepRefs:
     wall: float = float("nan")  # driver seconds of the iteration that computed this step
 
 
-def offset_program(program: Program, by: int) -> Program:
-    """The same program with task ids shifted by ``by`` (two programs then share one actor's task table)."""
-    tasks = [dataclasses.replace(t, id=t.id + by, after=[i + by for i in t.after]) for t in program.tasks]
-    return Program(tasks=tasks, producer={n: (i + by, k) for n, (i, k) in program.producer.items()})
-
-
 class TrainEngine:
     """The actors of one Trainer and the submission of its steps."""
 
@@ -57,8 +50,8 @@ class TrainEngine:
                  warmup: dict, address: str | None):
         self.plan = plan
         self.options = options
-        self.program = compile_program(plan)
-        self.full_program = offset_program(compile_program(full_plan), len(self.program.tasks)) if full_plan else None
+        self.full_plan = full_plan
+        self.warmup = warmup
         self.codecs = dict(plan.codecs, **(full_plan.codecs if full_plan else {}))
         self.workers = [f"worker:{w}" for w in range(plan.workers)]
         self._timeline = TimelineBuffer()
@@ -79,23 +72,32 @@ class TrainEngine:
     # -- lifecycle -----------------------------------------------------------------------
     def _start_actors(self, cpus: list[float], layout: list, fns: tuple, warmup: dict) -> None:
         names = self.plan.actors
-        self.group.place(cpus, self.options.placement, hint="lower cpus_per_worker or add nodes")
+        self.group.place(cpus, self.options.placement, hint="lower cpus_per_worker or add nodes", owner="Trainer")
         partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
-        per_actor = max(len(self.program.tasks_of(n)) for n in names)
-        threads = min(256, 2 * per_actor * (2 if self.full_program else 1) + 8)  # waiting tasks, two steps in flight
-        worker_cls = ray.remote(concurrency_groups={SYNC_GROUP: threads})(TrainWorker)
-        server_cls = ray.remote(concurrency_groups={SYNC_GROUP: threads})(StepSyncActor)
+        shares = actor_shares(self.plan)
+        full_shares = actor_shares(self.full_plan) if self.full_plan else {}
+        # Ray threads that only wait: finish() of a step while the next one computes
+        worker_cls = ray.remote(concurrency_groups={SYNC_GROUP: 4})(TrainWorker)
+        server_cls = ray.remote(concurrency_groups={SYNC_GROUP: 4})(StepSyncActor)
         for index, name in enumerate(names):
-            tasks = self.program.tasks_of(name) + (self.full_program.tasks_of(name) if self.full_program else [])
+            mine = {False: shares[name], **({True: full_shares[name]} if name in full_shares else {})}
             actor = Actor.parse(name)
             if actor.is_worker:
-                self.group.start(name, worker_cls, index, cpus[index], name, actor.index, self.plan.workers, tasks,
+                self.group.start(name, worker_cls, index, cpus[index], name, actor.index, self.plan.workers, mine,
                                  self.codecs, self.plan.seed, partitions, layout, fns, self.options, warmup,
-                                 layouts(self.plan), self.plan.nonfinite, allow_out_of_order_execution=True)
+                                 layouts(self.plan), self.plan.nonfinite)
             else:
-                self.group.start(name, server_cls, index, cpus[index], name, tasks, self.codecs, self.plan.seed,
-                                 partitions, self.options.timeout_s, allow_out_of_order_execution=True)
+                self.group.start(name, server_cls, index, cpus[index], name, mine, self.codecs, self.plan.seed,
+                                 partitions, self.options.timeout_s)
         self.get([a.ready.remote() for a in self.actors.values()], "starting the workers (model_fn, data_fn)")
+        master, port = self.get([self.actors[names[0]].rendezvous.remote(None)], "starting the process group")[0]
+        ranks = {name: rank for rank, name in enumerate(names)}
+        self.get([self.actors[n].connect.remote(ranks, master, port, "gloo", None) for n in names],
+                 f"forming the gloo process group at {master}:{port}")
+
+    def start_at(self, step: int) -> None:
+        """The step the actors' sync threads take next (after restoring a checkpoint)."""
+        self.get([a.start_at.remote(step) for a in self.actors.values()], "restoring the step")
 
     def close(self) -> None:
         """Kill the actors and free the placement group; stop Ray if this engine started it."""
@@ -105,16 +107,16 @@ class TrainEngine:
         self.group.check_usable("Trainer", "build a new one with Trainer.load() from the last checkpoint")
 
     # -- steps -------------------------------------------------------------------------------
-    def start_step(self, step: int, full: bool, after: dict[str, Any] | None = None) -> StepRefs:
-        """Submit one step's compute and sync; ``after``: refs (per actor) its sync must wait for."""
-        program = self.full_program if full else self.program
+    def start_step(self, step: int, full: bool) -> StepRefs:
+        """Submit one step: every worker's forward and backward (its buckets go to its sync as they fill), every
+        server's share, and every actor's finish (its sync ends).  Actors synchronize steps in order."""
         train = {w: self.actors[w].train_step.remote(step, full) for w in self.workers}
-        leading: dict[str, list[Any]] = {a: [after[a]] for a in self.actors} if after else {}
+        codecs, _ = step_codecs(step, full, self.codecs, self.warmup, self.options.warmup_start_ratio,
+                                self.options.warmup_steps)
         for name in self.actors:
-            if name not in train:  # a PS server: opens the step once the previous one is done
-                leading[name] = [self.actors[name].begin.remote(step, *leading.get(name, []))]
-        tokens = submit_iteration(program, self.actors, step, leading)
-        finished = {a: self.actors[a].finish.remote(step, *tokens[a]) for a in self.actors}
+            if name not in train:  # a PS server
+                self.actors[name].begin.remote(step, full, codecs)
+        finished = {a: self.actors[a].finish.remote(step) for a in self.actors}
         return StepRefs(step=step, full=full, train=train, finish={a: f[0] for a, f in finished.items()},
                         nonfinite={w: finished[w][1] for w in self.workers})
 

@@ -1,70 +1,68 @@
-"""Step-by-step synchronization on one actor of a Trainer: a worker's (or PS server's) share of every step's sync.
+"""Step-by-step synchronization on one actor of a Trainer: its share of every step's sync, on the executor.
 
-Each step gets its own core (``casync.runtime.ray_actor.SyncActor``), so step t's sync can finish while step
-t+1's gradients are being produced.  Tasks wait on Ray threads (the ``sync`` concurrency group) and compute
-on one compression thread.
+The Trainer's actors form a torch.distributed process group (as ``RayEngine``'s do) and each runs its share of
+the plan on a :class:`~casync.engines.executor.RankExecutor`.  Steps are synchronized one after another on a
+sync thread of the actor, so step t's sync can still run while step t+1's gradients are produced (delayed
+updates); a worker hands each bucket to the executor as soon as backward has filled it.  Residuals commit
+when a step's sync ends; the residuals from before the last committed step are kept, so a step voided for
+NaN/Inf can be rolled back.
 """
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import ray
 
-from primitives.codecs import Codec, payload_nbytes
+from primitives.codecs import Codec
 
+from ..engines.executor import RankExecutor
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..errors import SyncError, SyncTimeoutError
-from ..runtime.ray_actor import SyncActor
-from ..schedule import FusedTask
+from ..schedule import ActorShare
+from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
 
 SYNC_GROUP = "sync"
 
 
 @dataclass
 class StepState:
-    """One step's synchronization on one actor: its SyncActor core and the gradient-readiness bookkeeping."""
+    """One step's synchronization on one actor: its gradients, what is in, and what came out."""
 
     step: int
-    core: SyncActor | None
+    full: bool
     grads: dict[str, np.ndarray]
     remaining: dict[str, int]  # bucket -> members whose gradient has not arrived yet
+    codecs: dict[str, Codec] | None = None  # this step's codecs when they differ from the plan's (warm-up)
     filled: set[str] = field(default_factory=set)
-    fresh: bool = True  # no op ran yet: error-feedback residuals are taken at the first one
+    provided: set[str] = field(default_factory=set)
+    begun: bool = False
     failed: str | None = None
     finished: bool = False
     sent: int = 0
     raw: int = 0
     results: dict[str, np.ndarray] | None = None
+    records: list[tuple] = field(default_factory=list)
     compute: list[tuple] = field(default_factory=list)
-    scanned: set[str] = field(default_factory=set)  # buckets whose local gradient was checked for NaN/Inf
-    nonfinite: list[NonFiniteReport] = field(default_factory=list)  # what those checks found
+    nonfinite: list[NonFiniteReport] = field(default_factory=list)  # what this worker's scans found
     momentum: dict[str, np.ndarray] | None = None  # momentum-correction buffers before the step (to void it)
 
 
 class StepSyncActor:
-    """Runs one actor's fused sync tasks step by step (a PS server of a Trainer uses it as is).
+    """Runs one actor's share of every step's sync (a PS server of a Trainer uses it as is)."""
 
-    Each step gets its own :class:`~casync.runtime.ray_actor.SyncActor` core, so step t's sync can finish
-    while step t+1's gradients are being produced.  Residuals commit when a step finishes; the next step's
-    ops read them at their first op (the driver orders that first op after the commit).  The residuals from
-    before the last committed step are kept, so a step voided for NaN/Inf can be rolled back.
-    """
-
-    def __init__(self, name: str, tasks: list[FusedTask], codecs: dict[str, Codec], plan_seed: int,
+    def __init__(self, name: str, shares: dict[bool, ActorShare], codecs: dict[str, Codec], plan_seed: int,
                  partitions: dict[str, list[tuple[int, int]]], timeout_s: float):
         self.name = name
-        self._tasks = tasks
-        self._task_by_id = {t.id: t for t in tasks}
-        self._needs_local = {t.id for t in tasks if any(s.attrs.get("local_input") for s in t.steps)}
+        self._shares = shares  # full precision? -> this actor's share of that plan
         self._codecs = dict(codecs)
         self._plan_seed = plan_seed
         self._partitions = partitions
         self._timeout_s = timeout_s
+        self._executors: dict[bool, RankExecutor] = {}
         self.residuals: dict[str, np.ndarray] = {}
         self._previous: tuple[int, dict[str, np.ndarray]] | None = None  # (step, residuals before it)
         self._layouts: dict[str, BucketLayout] = {}  # a worker's buckets, for its NaN/Inf scans
@@ -72,17 +70,37 @@ class StepSyncActor:
         self._steps: dict[int, StepState] = {}
         self._cond = threading.Condition()
         self._broken: str | None = None
-        self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="casync-compress")
+        self._next = 0  # the next step the sync thread takes
+        self._thread = threading.Thread(target=self._sync_loop, daemon=True, name=f"casync-sync-{name}")
 
     def ready(self) -> str:
         return self.name
 
-    # -- a step's synchronization ---------------------------------------------------
-    def _open(self, step: int, grads: dict[str, np.ndarray], remaining: dict[str, int],
+    # -- the process group --------------------------------------------------------------------------------------
+    def rendezvous(self, port: int | None) -> tuple[str, int]:
+        return ray.util.get_node_ip_address(), port or free_port()
+
+    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None) -> str:
+        """Join the Trainer's process group and start the sync thread; returns the interface used."""
+        ifname = ifname or interface_of(ray.util.get_node_ip_address())
+        init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self._timeout_s,
+                   ifname=ifname)
+        channel = TorchChannel(self.name, ranks)
+        self._executors = {full: RankExecutor(share, self._codecs, self._plan_seed, self._partitions, channel,
+                                              self._timeout_s) for full, share in self._shares.items()}
+        self._thread.start()
+        return ifname or ""
+
+    def start_at(self, step: int) -> None:
+        """The first step the sync thread will take (after a checkpoint is loaded)."""
+        with self._cond:
+            self._next = step
+            self._cond.notify_all()
+
+    # -- a step's synchronization ---------------------------------------------------------------------------------
+    def _open(self, step: int, full: bool, grads: dict[str, np.ndarray], remaining: dict[str, int],
               codecs: dict[str, Codec] | None = None) -> StepState:
-        core = SyncActor(self.name, self._tasks, codecs or self._codecs, self._plan_seed, self._partitions)
-        core.grads = grads
-        st = StepState(step, core, grads, remaining)
+        st = StepState(step, full, grads, remaining, codecs)
         with self._cond:
             if self._broken:
                 raise SyncError(f"{self.name}: {self._broken}")
@@ -92,100 +110,106 @@ class StepSyncActor:
             self._cond.notify_all()
         return st
 
-    def begin(self, step: int, *after: Any) -> None:
+    def begin(self, step: int, full: bool, codecs: dict[str, Codec] | None = None) -> None:
         """Open ``step`` on an actor without gradients of its own (a PS server)."""
-        self._open(step, {}, {})
+        self._open(step, full, {}, {}, codecs)
 
-    def _wait_for(self, step: int, bucket: str | None) -> StepState:
-        """Block until ``step`` is open and, when ``bucket`` is given, this actor's gradient of it is in."""
+    def _bucket_in(self, st: StepState, bucket: str) -> None:
+        """This worker's gradient of ``bucket`` is complete: scan it for NaN/Inf and hand it over (now, if
+        the step's sync has begun; else the sync thread does when it begins).  Call with the lock held."""
+        if not st.begun or bucket in st.provided:
+            return
+        st.provided.add(bucket)
+        flagged: set[tuple[str, int]] = set()
+        layout = self._layouts.get(bucket)
+        if layout is not None:
+            found, flagged = scan_worker([layout], self._rank, {bucket: st.grads[bucket]})
+            st.nonfinite.extend(found)
+        self._executors[st.full].provide(bucket, st.grads[bucket], flagged)
+
+    def _sync_loop(self) -> None:
+        """Take steps in order: begin the executor, hand over the buckets already in, run the step's ops."""
+        while True:
+            with self._cond:
+                while self._next not in self._steps and not self._broken:
+                    self._cond.wait()
+                if self._broken:
+                    return
+                st = self._steps[self._next]
+                executor = self._executors[st.full]
+                try:
+                    executor.begin(st.step, self.residuals, st.codecs)
+                    st.begun = True
+                    for bucket, left in st.remaining.items():
+                        if left == 0:
+                            self._bucket_in(st, bucket)
+                except BaseException as exc:
+                    st.failed = f"{type(exc).__name__}: {exc}"
+                    self._cond.notify_all()
+                    return
+            try:
+                results, residuals, records = executor.finish()
+            except BaseException as exc:  # the step's finish() reports it
+                with self._cond:
+                    st.failed = f"{type(exc).__name__}: {exc}"[:500]
+                    self._broken = f"step {st.step} failed: {st.failed}"
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._previous = (st.step, self.residuals)
+                self.residuals = residuals
+                st.results, st.records, st.finished = results, records, True
+                st.sent, st.raw = executor.sent_bytes, executor.raw_bytes
+                self._next = st.step + 1
+                self._cond.notify_all()
+
+    @ray.method(concurrency_group=SYNC_GROUP, num_returns=2)
+    def finish(self, step: int, *after: Any) -> tuple[dict[str, Any], list[NonFiniteReport]]:
+        """Wait for ``step``'s sync on this actor; returns its op records and bytes, and (second return) this
+        worker's NaN/Inf reports alone: every worker's ``apply`` takes all of them, so each decides alike
+        whether the step is voided."""
         deadline = time.monotonic() + self._timeout_s
         with self._cond:
             while True:
+                st = self._steps.get(step)
+                if st is None and step < self._next:
+                    raise SyncError(f"{self.name}: step {step} finished twice or never started")
+                if st is None:  # train_step (or begin) has not opened it yet: it runs in another Ray thread
+                    pass
+                elif st.failed:
+                    raise SyncError(f"{self.name}, step {step}: {st.failed}")
+                elif st.finished:
+                    break
                 if self._broken:
                     raise SyncError(f"{self.name}: {self._broken}")
-                st = self._steps.get(step)
-                if st is not None:
-                    if st.failed:
-                        raise SyncError(f"{self.name}, step {step}: {st.failed}")
-                    if bucket is None or st.remaining.get(bucket, 0) == 0:
-                        return st
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    what = f"step {step} to start" if st is None else f"its gradient of bucket {bucket!r} in step {step}"
-                    raise SyncTimeoutError(f"{self.name}: waited {self._timeout_s:.0f}s for {what}")
-                self._cond.wait(left)
+                    raise SyncTimeoutError(f"{self.name}: step {step} not synchronized within {self._timeout_s:.0f}s")
+                self._cond.wait(min(left, 1.0))
+            self._finished(st)
+        return {"records": st.records, "sent": st.sent, "raw": st.raw, "nonfinite": st.nonfinite}, st.nonfinite
 
-    @ray.method(concurrency_group=SYNC_GROUP)
-    def run(self, step: int, task_id: int, n_after: int, *args: Any) -> Any:
-        """A fused sync task: wait (on a Ray thread) for the step and local gradients, compute on the
-        compression thread."""
-        task = self._task_by_id[task_id]
-        st = self._wait_for(step, task.bucket if task_id in self._needs_local else None)
-        return self._compressor.submit(self._run_ops, st, task, step, n_after, args).result()
-
-    def _run_ops(self, st: StepState, task: FusedTask, step: int, n_after: int, args: tuple) -> Any:
-        if st.fresh:
-            st.core.pending = dict(self.residuals)
-            st.fresh = False
-        if task.bucket not in st.scanned and task.id in self._needs_local:
-            self._scan(st, task.bucket)
-        out = st.core.run(step, task.id, n_after, *args)
-        if task.outputs:
-            st.sent += sum(payload_nbytes(p) for p in out[:-1])
-            st.raw += sum(4 * s.attrs["numel"] for s in task.steps if s.attrs["op"] == "send")
-        return out
-
-    def _scan(self, st: StepState, bucket: str) -> None:
-        """Check this worker's gradient of ``bucket`` for NaN/Inf before its first op (on the compression
-        thread, so before any encode of it): name what is found, and flag the partitions whose encodes must
-        carry the values on the side (``primitives.finite``)."""
-        st.scanned.add(bucket)
-        layout = self._layouts.get(bucket)
-        if layout is None or bucket not in st.grads:
-            return
-        found, parts = scan_worker([layout], self._rank, st.grads)
-        st.nonfinite.extend(found)
-        st.core.flagged.update(parts)
-
-    @ray.method(concurrency_group=SYNC_GROUP, num_returns=2)
-    def finish(self, step: int, *tokens: Any) -> tuple[dict[str, Any], list[NonFiniteReport]]:
-        """After every task of ``step`` on this actor: commit residuals, keep the results, report the ops.
-        The second return is this worker's NaN/Inf reports alone: every worker's ``apply`` takes all of them,
-        so each decides alike whether the step is voided."""
+    def rollback(self, step: int, rerun: bool = False) -> None:
+        """Undo ``step``'s residual updates (it was voided for NaN/Inf); only the last committed step can be.
+        ``rerun``: the step will be run again (``nonfinite="raise"``): the sync thread takes it next."""
         with self._cond:
-            st = self._steps.get(step)
-        if st is None:
-            raise SyncError(f"{self.name}: step {step} finished without having started")
-        records = self._compressor.submit(self._finish_ops, st).result()
-        self._finished(st)
-        return {"records": records, "sent": st.sent, "raw": st.raw, "nonfinite": st.nonfinite}, st.nonfinite
-
-    def _finish_ops(self, st: StepState) -> list[tuple]:
-        for bucket in self._layouts.keys() - st.scanned:  # a bucket no op of this actor read: still named
-            self._scan(st, bucket)
-        results, records, _ = st.core.collect(st.step)
-        if not st.fresh:
-            self._previous = (st.step, self.residuals)
-            self.residuals = st.core.residuals
-        st.results, st.finished, st.core = results, True, None
-        return records
-
-    def rollback(self, step: int) -> None:
-        """Undo ``step``'s residual updates (it was voided for NaN/Inf); only the last committed step can be."""
-        if self._previous is not None and self._previous[0] == step:
-            self.residuals, self._previous = self._previous[1], None
+            if self._previous is not None and self._previous[0] == step:
+                self.residuals, self._previous = self._previous[1], None
+            if rerun and self._next == step + 1:
+                self._next = step
 
     def _finished(self, st: StepState) -> None:
-        with self._cond:  # a server has nothing to apply: the step is done
-            self._steps.pop(st.step, None)
+        self._steps.pop(st.step, None)  # a server has nothing to apply: the step is done
 
     def discard(self, reason: str = "the driver gave up on this step after a failure elsewhere") -> None:
-        """Fail every open step (tasks waiting on them raise at once); the actor is unusable afterwards."""
+        """Fail every open step; the actor is unusable afterwards."""
         with self._cond:
             self._broken = reason
             for st in self._steps.values():
                 st.failed = reason
             self._cond.notify_all()
+        for executor in self._executors.values():
+            executor.channel.abort(reason)
 
     def get_residuals(self) -> dict[str, np.ndarray]:
         return self.residuals

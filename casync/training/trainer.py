@@ -272,7 +272,7 @@ class Trainer:
             self._compare_hashes(t, updates)
             return [record]
         prev = self._pending
-        refs = engine.start_step(t, self._is_full(t), after=prev.finish if prev is not None and prev.finish else None)
+        refs = engine.start_step(t, self._is_full(t))
         refs.stats = dict(zip(engine.workers, engine.get(list(refs.train.values()), f"computing step {t}", deadline)))
         records = []
         if prev is not None:  # step t-1's update, applied now that step t has its gradients
@@ -305,7 +305,7 @@ class Trainer:
                                        f"{dict(zip(updates, voided))}")
         servers = [a for a in self._engine.actors if a not in self._engine.workers]
         if rollback and servers:
-            self._engine.call("rollback", step, actors=servers)
+            self._engine.call("rollback", step, self.plan.nonfinite == "raise", actors=servers)
         return voided[0]
 
     def _record_pending(self) -> StepRecord:
@@ -464,6 +464,7 @@ class Trainer:
             raise ReplicaMismatchError(f"restored parameters hash {sorted(set(hashes))}, the checkpoint recorded "
                                        f"{ck.param_hash}: model_fn builds a model whose state does not round-trip")
         self.step = ck.step
+        engine.start_at(ck.step)
         if ck.pending_step is not None:
             self._pending = StepRefs(step=ck.pending_step, full=False, train={}, finish={}, recorded=True)
 

@@ -1,11 +1,10 @@
 """The Ray actors of a Trainer.
 
 A :class:`TrainWorker` holds a model replica, its optimizer and its data shard, and runs its share of the
-sync plan itself: autograd hooks copy each parameter's gradient into its bucket as back-propagation produces
-it, and a bucket's fused sync tasks start as soon as the whole bucket is in, while backward continues on
-earlier layers.  Sync tasks arrive on a pool of Ray threads (the ``sync`` concurrency group) that only wait;
-the encode/decode/merge work itself runs on one compression thread, off the thread that computes.
-Training calls (``train_step``, ``apply``, state) run one at a time in the default group.
+sync plan itself (``casync.training.step_sync``): autograd hooks copy each parameter's gradient into its
+bucket as back-propagation produces it, and a full bucket goes to the actor's per-rank executor at once, so
+its sync runs on the sync thread while backward continues on earlier layers.  Training calls
+(``train_step``, ``apply``, state) run one at a time in Ray's default group.
 """
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ from primitives.codecs import Codec
 
 from ..engines.nonfinite import BucketLayout, voids_step
 from ..errors import SyncError
-from ..schedule import FusedTask
-from .dgc import MomentumCorrection, warmup_ratio
+from ..schedule import ActorShare
+from .dgc import MomentumCorrection, step_codecs
 from .options import TrainOptions
 from .plain import batch_size, rng_state, seed_everything, set_rng_state, to_numpy_tree, to_torch_tree, worker_seed
 from .step_sync import StepState, StepSyncActor
@@ -35,11 +34,11 @@ Layout = list[tuple[str, tuple[int, ...], str, int]]
 class TrainWorker(StepSyncActor):
     """One data-parallel worker: model replica, optimizer, data shard, and its share of every sync."""
 
-    def __init__(self, name: str, rank: int, world_size: int, tasks: list[FusedTask], codecs: dict[str, Codec],
+    def __init__(self, name: str, rank: int, world_size: int, shares: dict[bool, ActorShare], codecs: dict[str, Codec],
                  plan_seed: int, partitions: dict[str, list[tuple[int, int]]], layout: Layout,
                  fns: tuple[Callable, Callable, Callable, Callable], options: TrainOptions,
                  warmup: dict[str, Codec], layouts: list[BucketLayout] = (), nonfinite: str = "raise"):
-        super().__init__(name, tasks, codecs, plan_seed, partitions, options.timeout_s)
+        super().__init__(name, shares, codecs, plan_seed, partitions, options.timeout_s)
         self.rank, self.world_size, self.options = rank, world_size, options
         self._rank, self._layouts, self.nonfinite = rank, {lay.name: lay for lay in layouts}, nonfinite
         self._warmup = warmup
@@ -96,21 +95,13 @@ class TrainWorker(StepSyncActor):
             return None
 
     # -- one training step ------------------------------------------------------------------
-    def _codecs_for(self, step: int, full: bool) -> tuple[dict[str, Codec], float | None]:
-        """This step's codecs: sparse ones thinned out along the warm-up schedule."""
-        codecs = dict(self._codecs)
-        density = None
-        for key, codec in self._warmup.items():
-            density = warmup_ratio(step, codec.ratio, self.options.warmup_start_ratio, self.options.warmup_steps)
-            codecs[key] = type(codec)(**dict(codec.params(), ratio=density))
-        return codecs, (None if full else density)
-
     def train_step(self, step: int, full: bool, *after: Any) -> dict[str, Any]:
         """Forward and backward on the next batch; gradients flow into the buckets (and their syncs) as
         autograd produces them."""
-        codecs, density = self._codecs_for(step, full)
+        codecs, density = step_codecs(step, full, self._codecs, self._warmup, self.options.warmup_start_ratio,
+                                      self.options.warmup_steps)
         grads = {b: np.empty(n, np.float32) for b, n in self._bucket_numel.items()}
-        st = self._open(step, grads, {b: len(m) for b, m in self._bucket_members.items()}, codecs)
+        st = self._open(step, full, grads, {b: len(m) for b, m in self._bucket_members.items()}, codecs)
         if self._momentum is not None and self.nonfinite != "propagate" and not self.options.delayed_update:
             st.momentum = self._momentum.state_dict()  # restored if the step is voided for NaN/Inf
         self._current = st
@@ -175,8 +166,8 @@ class TrainWorker(StepSyncActor):
             self._deliver(st, name, param.grad)
 
     def _deliver(self, st: StepState, name: str, grad: torch.Tensor | None) -> None:
-        """Put one parameter's gradient (momentum-corrected if asked) into its bucket; a full bucket wakes
-        the sync tasks waiting for it."""
+        """Put one parameter's gradient (momentum-corrected if asked) into its bucket; a full bucket goes to
+        the sync."""
         if name in st.filled:
             raise RuntimeError(f"worker {self.rank}, step {st.step}: parameter {name!r} received a second "
                                "gradient in one step; loss_fn must not call backward itself")
@@ -191,7 +182,7 @@ class TrainWorker(StepSyncActor):
         with self._cond:
             st.remaining[bucket] -= 1
             if st.remaining[bucket] == 0:
-                self._cond.notify_all()
+                self._bucket_in(st, bucket)
 
     def _finished(self, st: StepState) -> None:
         pass  # a worker keeps the finished step until apply() uses its results
@@ -212,7 +203,7 @@ class TrainWorker(StepSyncActor):
         u0 = time.time()
         if voids_step(self.nonfinite, reports):
             if not self.options.delayed_update:  # with it, step t+1's sync has already read these residuals
-                self.rollback(step)
+                self.rollback(step, rerun=self.nonfinite == "raise")
                 if st.momentum is not None:
                     self._momentum.load_state_dict(st.momentum)
             self.optimizer.zero_grad(set_to_none=True)
@@ -323,6 +314,6 @@ class TrainWorker(StepSyncActor):
             self._steps.clear()
             if state.get("pending_results") is not None:
                 results = {b: np.array(v, dtype=np.float32, copy=True) for b, v in state["pending_results"].items()}
-                self._steps[state["pending_step"]] = StepState(state["pending_step"], None, {}, {}, fresh=False,
-                                                           finished=True, results=results)
+                self._steps[state["pending_step"]] = StepState(state["pending_step"], False, {}, {}, finished=True,
+                                                               results=results)
         return self.param_hash()

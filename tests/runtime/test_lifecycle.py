@@ -6,6 +6,7 @@ import gc
 import time
 
 import numpy as np
+import pytest
 
 import casync
 from casync.runtime.ray_engine import RayEngine
@@ -70,3 +71,18 @@ def test_many_syncs_hold_no_refs_and_no_store_objects(ray_local):
         assert settle(driver_refs, refs) <= refs
         assert settle(store_objects, objects) <= objects
         assert len(engine.timeline()) <= 17 * len(engine.timeline(engine.step - 1))  # bounded history
+
+
+def test_two_engines_share_the_cluster_or_the_second_fails_at_once_naming_the_first(ray_local):
+    """Default engines reserve a nominal share: two run side by side.  When the first holds the CPUs the
+    second needs, the second fails within seconds (not its whole timeout), naming the holder."""
+    plan = casync.build_plan({"w": (1000,)}, workers=2, strategy="ring", codec="onebit")
+    grads = make_grads({"w": (1000,)}, 2)
+    with RayEngine(plan) as first, RayEngine(plan) as second:
+        assert np.array_equal(first.sync(grads)[0]["w"], second.sync(grads)[0]["w"])
+    total = ray_local.cluster_resources()["CPU"]
+    with RayEngine(plan, num_cpus_per_actor=total / 2):  # holds every CPU
+        start = time.monotonic()
+        with pytest.raises(casync.ResourcesUnavailableError, match="other casync engines hold casync-RayEngine"):
+            RayEngine(plan, num_cpus_per_actor=1, timeout_s=60)
+        assert time.monotonic() - start < 20
