@@ -186,7 +186,7 @@ def main() -> None:
     print(f"cycles: {args.cycles} engine open/close", flush=True)
     cyc = cycles(plan, args.cycles)
     with RayEngine(plan) as engine:
-        calls = len(engine.program.tasks) + 2 * len(engine.actors)  # fused tasks, one load and collect per actor
+        calls = engine.calls_per_step
     print(f"plain Ray baseline: {calls} actor calls per iteration", flush=True)
     baseline = ray_baseline(calls, args.iters // 2)
     ray.shutdown()

@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_ints, default=None, help="comma-separated worker counts (full: 2,4)")
     p.add_argument("--strategies", type=_list, default=None,
                    help=f"comma-separated strategy labels: {','.join(strategy_labels())}")
+    p.add_argument("--transports", type=_list, default=None,
+                   help="comma-separated data planes the measured rows run on: gloo (default), objectstore")
     p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")
@@ -66,7 +68,7 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     grid = QUICK if args.quick else FULL
     changes = {}
     for field, value in (("models", args.models), ("workers", args.workers), ("strategies", args.strategies),
-                         ("codecs", args.codecs), ("sim_workers", args.sim_workers),
+                         ("codecs", args.codecs), ("transports", args.transports), ("sim_workers", args.sim_workers),
                          ("sim_bandwidths_gbps", args.sim_bandwidths), ("sim_models", args.sim_models)):
         if value is not None:
             changes[field] = value

@@ -21,6 +21,17 @@ def strategy_labels() -> dict[str, dict[str, Any]]:
     return labels
 
 
+#: the data plane the measured rows run on unless a label names another (``ring@objectstore``)
+DEFAULT_TRANSPORT = "gloo"
+TRANSPORTS: tuple[str, ...] = ("gloo", "objectstore")
+
+
+def split_transport(label: str) -> tuple[str, str]:
+    """``"ring@objectstore"`` -> ``("ring", "objectstore")``; a plain label runs on the default transport."""
+    base, _, transport = label.partition("@")
+    return base, transport or DEFAULT_TRANSPORT
+
+
 #: the built-in labels (a strategy registered later joins :func:`strategy_labels`)
 STRATEGIES: dict[str, dict[str, Any]] = strategy_labels()
 CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "terngrad", "topk:ratio=0.01", "randomk:ratio=0.01")
@@ -49,6 +60,7 @@ def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...]) -> dict[s
     choose among all of ``codecs``.
     """
     labels = strategy_labels()
+    strategy = split_transport(strategy)[0]
     if strategy not in labels:
         raise ValueError(f"unknown strategy label {strategy!r}; choose from {sorted(labels)}")
     args = dict(labels[strategy])
@@ -77,6 +89,9 @@ class Grid:
     sim_workers: tuple[int, ...] = SIM_WORKERS
     sim_bandwidths_gbps: tuple[float, ...] = SIM_BANDWIDTHS_GBPS
     baselines: tuple[str, ...] = field(default_factory=lambda: tuple(_baseline_names()))
+    #: data planes every measured strategy runs on (``DEFAULT_TRANSPORT`` rows keep the plain label, the others
+    #: are labelled ``strategy@transport``); the simulated grid models the default one
+    transports: tuple[str, ...] = (DEFAULT_TRANSPORT,)
     #: simulate ``auto`` once per codec (planner candidates none + that codec) besides the all-codecs row;
     #: False keeps only the all-codecs row (each planner call takes seconds at 64 workers)
     sim_auto_per_codec: bool = True
@@ -86,6 +101,9 @@ class Grid:
         for s in self.strategies:
             if s not in labels:
                 raise ValueError(f"unknown strategy label {s!r}; choose from {sorted(labels)}")
+        for transport in self.transports:
+            if transport not in TRANSPORTS:
+                raise ValueError(f"unknown transport {transport!r}; choose from {list(TRANSPORTS)}")
         for c in self.codecs:
             get_codec(None if c == "none" else c)  # validates, naming the registered codecs
         for w in tuple(self.workers) + tuple(self.sim_workers):
@@ -106,9 +124,11 @@ class Grid:
         out = []
         for model in self.models:
             for workers in self.workers:
-                for strategy in self.strategies:
-                    codecs = self.codecs + ((AUTO_CODEC,) if strategy == "auto" and len(self.codecs) > 1 else ())
-                    out += [(model, workers, strategy, c) for c in codecs]
+                for transport in self.transports:
+                    for strategy in self.strategies:
+                        codecs = self.codecs + ((AUTO_CODEC,) if strategy == "auto" and len(self.codecs) > 1 else ())
+                        label = strategy if transport == DEFAULT_TRANSPORT else f"{strategy}@{transport}"
+                        out += [(model, workers, label, c) for c in codecs]
         return out
 
     def sim_cells(self) -> list[tuple[str, int, float, str, str]]:

@@ -47,7 +47,7 @@ def sync_span(rows: list[dict[str, Any]]) -> float:
 
 def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None, *, address: str | None,
                  iters: int = 3, warmup: int = 1, spread: bool = False, timeout_s: float = 300.0,
-                 link_bytes: Callable[[], int | None] | None = None) -> EngineRun:
+                 link_bytes: Callable[[], int | None] | None = None, transport: str = "gloo") -> EngineRun:
     """Run ``plan`` for ``warmup + iters`` iterations on a fresh RayEngine; time the last ``iters``.
 
     Every iteration checks that all workers hold bit-identical results; the first also measures the
@@ -58,7 +58,7 @@ def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None,
     """
     from ..runtime.ray_engine import RayEngine
 
-    with RayEngine(plan, address=address, timeout_s=timeout_s, placement="spread") as engine:
+    with RayEngine(plan, address=address, timeout_s=timeout_s, placement="spread", transport=transport) as engine:
         actor_nodes = engine.actor_nodes()
         workers = [f"worker:{w}" for w in range(plan.workers)]
         if spread and len({actor_nodes[w] for w in workers}) < len(workers):
@@ -89,4 +89,4 @@ def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None,
         median_index = sorted(range(len(syncs)), key=syncs.__getitem__)[len(syncs) // 2]
         return EngineRun(link_bytes=counted, sync_s=syncs, wall_s=walls, consistent=consistent, rel_error=rel_error,
                          nodes={w: actor_nodes[w] for w in workers}, timeline=timelines[median_index],
-                         tasks=len(engine.program.tasks))
+                         tasks=engine.calls_per_step)

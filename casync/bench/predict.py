@@ -33,7 +33,7 @@ def make_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple
               seed: int = 0, profile: Profile | None = None) -> SyncPlan:
     """The executable plan of one grid cell (the planner's for ``auto``, planning for ``cluster``)."""
     args = plan_arguments(strategy, codec, codecs)
-    if strategy == "auto":
+    if args["strategy"] == "auto":
         return build_plan(model, workers=workers, cluster=cluster, profile=profile, seed=seed, **args)
     return build_plan(model, workers=workers, seed=seed, **args)
 

@@ -10,7 +10,7 @@ from typing import Any
 from ..drawing import draw_gantt
 from ..table import format_table, markdown_table
 from .baselines import BASELINES, REFERENCE
-from .grid import codec_label, strategy_labels
+from .grid import codec_label, split_transport, strategy_labels
 from .predict import predict
 from .runner import BenchResult, Row
 
@@ -51,7 +51,7 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
         headers.insert(headers.index("wire MB") + 1, "link MB")
     order = {s: i for i, s in enumerate(strategy_labels())}
     casync = sorted((r for r in rows if r.system == "casync"),
-                    key=lambda r: (order.get(r.strategy, 99), list(result.grid.codecs).index(r.codec)
+                    key=lambda r: (order.get(split_transport(r.strategy)[0], 99), split_transport(r.strategy)[1], list(result.grid.codecs).index(r.codec)
                                    if r.codec in result.grid.codecs else 99))
     for r in [r for r in rows if r.system == "baseline"] + casync:
         if r.error:
@@ -82,7 +82,7 @@ def _strategy_cell(r: Row) -> str:
 def _codec_cell(r: Row) -> str:
     if r.system == "baseline":
         return r.codec
-    if r.strategy == "auto" and r.plan:
+    if split_transport(r.strategy)[0] == "auto" and r.plan:
         used = sorted({f"{p['strategy']}/{codec_label(_spec(p['codec']))}" for p in r.plan})
         return f"{codec_label(r.codec)} → " + ", ".join(used)
     return codec_label(r.codec)
@@ -238,7 +238,7 @@ def plot_bars(result: BenchResult, model: str, path: Path) -> str:
     colors = plt.get_cmap("tab10")
     for ax, workers in zip(axes[0], worker_counts):
         rows = [r for r in result.group(model, workers) if r.ok]
-        strategies = [s for s in strategy_labels() if any(r.system == "casync" and r.strategy == s for r in rows)]
+        strategies = list(dict.fromkeys(r.strategy for r in rows if r.system == "casync"))
         width = 0.8 / max(1, len(codecs))
         for j, codec in enumerate(codecs):
             xs, ys = [], []

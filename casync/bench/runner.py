@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..sim.costmodel import Profile
 from .baselines import BASELINES, REFERENCE, run_baselines
-from .grid import Grid, codec_label
+from .grid import Grid, codec_label, split_transport
 from .measure import EngineRun, GradientStore, measure_plan
 from .predict import compact_plan, make_plan, plan_choices, predict, predicted_sync_s
 from .setup import Setup
@@ -47,7 +47,7 @@ class Row:
     predicted_s: float | None = None   # the simulator's sync time for the same plan on the setup's ClusterModel
     consistent: bool = True            # every worker ended with bit-identical results
     rel_error: float | None = None     # ||result - exact mean|| / ||exact mean||, first iteration
-    tasks: int | None = None           # fused Ray tasks per iteration (casync)
+    tasks: int | None = None           # Ray calls per iteration (casync)
     plan: list[dict[str, Any]] | None = None  # per bucket choices (auto rows)
     error: str | None = None
 
@@ -289,9 +289,10 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
                 row.wire_bytes = plan.wire_bytes()
                 row.dense_wire_bytes = _dense_wire(plan)
                 row.compression = row.dense_wire_bytes / row.wire_bytes if row.wire_bytes else 1.0
-                row.plan = plan_choices(plan) if strategy == "auto" else None
+                row.plan = plan_choices(plan) if split_transport(strategy)[0] == "auto" else None
                 row.predicted_s = predicted_sync_s(predict(plan, cluster, profile))
                 run: EngineRun = measure_plan(plan, store, exact, address=setup.ray_address, iters=iters,
+                                              transport=split_transport(strategy)[1],
                                               warmup=warmup, spread=setup.spread_workers,
                                               link_bytes=setup.link_bytes if setup.kind == "netem" else None)
                 row.sync_s, row.sync_all_s = run.sync_median_s, run.sync_s
@@ -336,6 +337,7 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
             try:
                 raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
                 run = measure_plan(plan, store, None, address=setup.ray_address, iters=iters, warmup=warmup,
+                                   transport=split_transport(best.strategy)[1],
                                    spread=setup.spread_workers)
             except Exception as exc:
                 say(f"head to head {model} N={workers} round {r + 1} failed: {exc}")

@@ -108,6 +108,14 @@ class RayEngine(EngineBase):
         """Actor name -> Ray actor handle."""
         return self.group.handles
 
+    @property
+    def calls_per_step(self) -> int:
+        """Ray calls one sync makes: one per actor on the direct data plane; on the object store, one per task
+        of the schedule plus each actor's load and collect."""
+        if self.program is None:
+            return len(self.actors)
+        return len(self.program.tasks) + 2 * len(self.actors)
+
     # -- lifecycle -------------------------------------------------------------
     def _start_actors(self, placement: str, cpus: float) -> None:
         names = self.plan.actors
