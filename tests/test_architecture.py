@@ -63,12 +63,22 @@ def imports_of(module: str) -> set[str]:
     return found
 
 
+def _packages_entered(importer: str, target: str) -> list[str]:
+    """Packages whose ``__init__`` importing ``target`` runs first (those that are not the importer's own)."""
+    parts = target.split(".")
+    return [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+            if p in MODULES and not (importer == p or importer.startswith(p + "."))]
+
+
 def import_graph() -> nx.DiGraph:
+    """Module -> module it imports, plus the packages whose ``__init__`` that import runs on the way."""
     graph = nx.DiGraph()
     for module in MODULES:
         graph.add_node(module)
         for target in imports_of(module):
             graph.add_edge(module, target)
+            for package in _packages_entered(module, target):
+                graph.add_edge(module, package)
     return graph
 
 

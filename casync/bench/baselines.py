@@ -2,7 +2,7 @@
 
 Every baseline runs as ``world`` real processes (one per worker, :func:`run_baselines` starts them with the
 setup's command prefix, e.g. inside one network namespace each) that synchronize the benchmark's gradients
-(:func:`casync.bench.workload.worker_flat`, the very tensors casync syncs):
+(:func:`casync.datasets.gradients.worker_flat`, the very tensors casync syncs):
 
 * ``gloo-tensor``  ``all_reduce`` + divide, one call per tensor;
 * ``gloo-bucket``  ``all_reduce`` + divide of 25 MiB buckets of consecutive tensors (DDP's bucket size);
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .workload import exact_mean, model_shapes, worker_flat
+from ..datasets.gradients import exact_mean, model_shapes, worker_flat
 
 BASELINES: dict[str, str] = {
     "gloo-tensor": "gloo all_reduce, per tensor",

@@ -21,7 +21,7 @@ from .grid import Grid, codec_label, split_transport
 from .measure import EngineRun, GradientStore, measure_plan
 from .predict import compact_plan, make_plan, plan_choices, predict, predicted_sync_s
 from .setup import Setup
-from .workload import exact_mean
+from ..datasets.gradients import exact_mean
 
 #: baselines the speed-up table also reports a ratio against (when they ran)
 COMPARE_WITH = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")

@@ -4,9 +4,11 @@ Whatever hosts an actor — a Ray actor, a torchrun process, a thread in a test 
 sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`:
 
 * the calling thread runs compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as
-  ``LocalEngine`` does) and issues sends; among ops whose inputs are there it always takes the most
-  urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of an urgent
-  bucket overtakes the rest as soon as its data is in (preemption at partition granularity);
+  ``LocalEngine`` does) and hands payloads to the senders; among ops whose inputs are there it always
+  takes the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of
+  an urgent bucket overtakes the rest as soon as its data is in (preemption at partition granularity);
+* one sender thread per peer writes that peer's messages in the order they were handed over (a transport
+  may write a large message inline, which must not hold up the compute thread);
 * one receiver thread per peer takes that peer's messages in the order they arrive: a small header naming
   the transfer, then its body (posted ahead: every payload's size is known from its codec), then, only
   when the header says so, the NaN/Inf side channel;
@@ -19,6 +21,7 @@ residuals are returned, never updated in place, so a failed step leaves the call
 from __future__ import annotations
 
 import heapq
+import queue
 import threading
 import time
 from typing import Any, Mapping
@@ -64,6 +67,9 @@ class RankExecutor:
         self._from_peer: dict[str, list[int]] = {}
         for i in share.recvs:
             self._from_peer.setdefault(ops[i].peer, []).append(i)
+        self._to_peer: dict[str, int] = {}
+        for i in share.sends:
+            self._to_peer[ops[i].peer] = self._to_peer.get(ops[i].peer, 0) + 1
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
         self._cond = threading.Condition()
         self._step: int | None = None
@@ -94,7 +100,6 @@ class RankExecutor:
         self._ready: list[tuple[tuple, int]] = []
         self._done = 0
         self._error: BaseException | None = None
-        self._sends: list[tuple[Handle, Any]] = []
         self._records: list[tuple] = []
         self._results = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in self.partitions.items()}
         for index, op in enumerate(ops):
@@ -108,9 +113,13 @@ class RankExecutor:
         self._headers = {peer: [(h, self.channel.irecv(h.view(np.uint8), peer, HEADER_TAG))
                                 for h in np.zeros((len(idx), HEADER_WORDS), np.int64)]
                          for peer, idx in self._from_peer.items()}
+        self._outbox: dict[str, queue.SimpleQueue] = {peer: queue.SimpleQueue() for peer in self._to_peer}
         self._threads = [threading.Thread(target=self._receive, args=(peer, len(idx)), daemon=True,
                                           name=f"casync-recv-{self.actor}<-{peer}")
                          for peer, idx in self._from_peer.items()]
+        self._threads += [threading.Thread(target=self._deliver, args=(peer, count), daemon=True,
+                                           name=f"casync-send-{self.actor}->{peer}")
+                          for peer, count in self._to_peer.items()]
         for thread in self._threads:
             thread.start()
 
@@ -133,10 +142,11 @@ class RankExecutor:
         :meth:`begin` (naming what it still waits for), or the error a receive or an op raised."""
         try:
             self._compute()
-            for handle, _ in self._sends:
-                handle.wait()
             for thread in self._threads:
                 thread.join(max(0.0, self._deadline - time.monotonic()))
+                if thread.is_alive():
+                    raise SyncTimeoutError(f"{self.actor}: step {self._step}: {thread.name} still busy after "
+                                           f"{self.timeout_s:.0f}s")
             self._raise_if_failed()
             return self._results, self._residuals, self._records
         except BaseException as exc:
@@ -192,13 +202,30 @@ class RankExecutor:
         body = self._layouts[op.index].pack(payload)
         side = side_channel(payload)
         header = np.array([op.transfer, self._step, side_count(side), 0], np.int64)
-        peer = op.peer
         self.sent_bytes += body.nbytes + (0 if side is None else side.nbytes)
         self.raw_bytes += 4 * op.attrs["numel"]
-        self._sends.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
-        self._sends.append((self.channel.isend(body, peer, body_tag(op.transfer)), body))
-        if side is not None:
-            self._sends.append((self.channel.isend(side, peer, side_tag(op.transfer)), side))
+        self._outbox[op.peer].put((op.transfer, header, body, side))
+
+    def _deliver(self, peer: str, count: int) -> None:
+        """Sender thread: write ``peer``'s messages in the order the compute thread handed them over."""
+        handles: list[tuple[Handle, Any]] = []
+        try:
+            for _ in range(count):
+                item = self._outbox[peer].get()
+                if item is None:  # the step failed elsewhere
+                    return
+                transfer, header, body, side = item
+                handles.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
+                handles.append((self.channel.isend(body, peer, body_tag(transfer)), body))
+                if side is not None:
+                    handles.append((self.channel.isend(side, peer, side_tag(transfer)), side))
+            for handle, _ in handles:
+                handle.wait()
+        except BaseException as exc:  # the compute thread raises it
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+                self._cond.notify_all()
 
     # -- bookkeeping (under the lock) ---------------------------------------------------------------------
     def _arrived(self, index: int) -> None:
@@ -265,6 +292,8 @@ class RankExecutor:
 
     def _fail(self, exc: BaseException) -> None:
         """Tell the peers to stop waiting for this actor (the channel aborts), then let the step go."""
+        for outbox in getattr(self, "_outbox", {}).values():
+            outbox.put(None)
         try:
             self.channel.abort(f"{self.actor} failed in step {self._step}: {type(exc).__name__}: {exc}"[:300])
         except Exception:

@@ -11,7 +11,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..bench.workload import bucket_layout, make_bucket_buffers
+from ..datasets.gradients import bucket_layout, make_bucket_buffers
 from ..plan.syncplan import SyncPlan
 
 _MAKER: list[Any] = []
