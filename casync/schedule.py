@@ -221,3 +221,17 @@ def actor_shares(plan: SyncPlan) -> dict[str, ActorShare]:
         share.ops.append(op)
         where[node] = (a["actor"], op.index)
     return shares
+
+
+def plan_transfers(plan: SyncPlan) -> list[Any]:
+    """Every send -> recv pair of ``plan`` with its id, ends and exact body size on the wire."""
+    from primitives.wire import layout
+
+    from .transport.shm import Transfer
+
+    ids = transfer_ids(plan.graph)
+    out = []
+    for send, tid in ids.items():
+        a = plan.graph.nodes[send]
+        out.append(Transfer(tid, a["actor"], a["peer"], layout(plan.codecs[a["codec"]], a["numel"]).nbytes))
+    return out

@@ -22,8 +22,8 @@ def strategy_labels() -> dict[str, dict[str, Any]]:
 
 
 #: the data plane the measured rows run on unless a label names another (``ring@objectstore``)
-DEFAULT_TRANSPORT = "gloo"
-TRANSPORTS: tuple[str, ...] = ("gloo", "objectstore")
+DEFAULT_TRANSPORT = "direct"
+TRANSPORTS: tuple[str, ...] = ("direct", "gloo", "objectstore")
 
 
 def split_transport(label: str) -> tuple[str, str]:

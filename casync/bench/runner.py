@@ -15,13 +15,13 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from ..datasets.gradients import exact_mean
 from ..sim.costmodel import Profile
 from .baselines import BASELINES, REFERENCE, run_baselines
 from .grid import Grid, codec_label, split_transport
 from .measure import EngineRun, GradientStore, measure_plan
 from .predict import compact_plan, make_plan, plan_choices, predict, predicted_sync_s
 from .setup import Setup
-from ..datasets.gradients import exact_mean
 
 #: baselines the speed-up table also reports a ratio against (when they ran)
 COMPARE_WITH = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")

@@ -39,6 +39,14 @@ from ..transport.base import Channel, Handle
 HEADER_TAG = 1
 
 
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+_DONE = _Done()
+
+
 def body_tag(transfer: int) -> int:
     return 2 + 2 * transfer
 
@@ -105,9 +113,17 @@ class RankExecutor:
         for index, op in enumerate(ops):
             if self._waiting[index] == 0 and op.attrs["op"] != "recv":
                 heapq.heappush(self._ready, (op.key, index))
-        self._bodies = {i: np.empty(self._layouts[i].nbytes, np.uint8) for i in self.share.recvs}
-        self._posted = {i: self.channel.irecv(self._bodies[i], ops[i].peer, body_tag(ops[i].transfer))
-                        for i in self.share.recvs}
+        self._bodies, self._posted = {}, {}
+        direct = getattr(self.channel, "body_buffer", None)  # a channel that lets peers write bodies in place
+        for i in self.share.recvs:
+            op, nbytes = ops[i], self._layouts[i].nbytes
+            body = direct(op.peer, op.transfer, nbytes, step) if direct else None
+            if body is None:
+                body = np.empty(nbytes, np.uint8)
+                self._posted[i] = self.channel.irecv(body, op.peer, body_tag(op.transfer))
+            else:
+                self._posted[i] = _DONE  # complete once its header arrives: the peer writes it first
+            self._bodies[i] = body
         # every header is posted ahead too (same tag: they fill in the order the peer sends), so a sender
         # never waits for its receiver to ask for the next message
         self._headers = {peer: [(h, self.channel.irecv(h.view(np.uint8), peer, HEADER_TAG))
@@ -209,16 +225,18 @@ class RankExecutor:
     def _deliver(self, peer: str, count: int) -> None:
         """Sender thread: write ``peer``'s messages in the order the compute thread handed them over."""
         handles: list[tuple[Handle, Any]] = []
+        put_body = getattr(self.channel, "put_body", None)
         try:
             for _ in range(count):
                 item = self._outbox[peer].get()
                 if item is None:  # the step failed elsewhere
                     return
                 transfer, header, body, side = item
-                handles.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
-                handles.append((self.channel.isend(body, peer, body_tag(transfer)), body))
+                if not (put_body and put_body(body, peer, transfer, self._step)):  # else written in place first
+                    handles.append((self.channel.isend(body, peer, body_tag(transfer)), body))
                 if side is not None:
                     handles.append((self.channel.isend(side, peer, side_tag(transfer)), side))
+                handles.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
             for handle, _ in handles:
                 handle.wait()
         except BaseException as exc:  # the compute thread raises it

@@ -19,6 +19,7 @@ from primitives.ir import Actor
 from ..engines.executor import RankExecutor
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import ActorShare
+from ..transport.shm import ShmChannel
 from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
 from .ray_actor import _keep_freed_memory
 
@@ -44,14 +45,29 @@ class ExecutorActor:
         address = ray.util.get_node_ip_address()
         return address, port or free_port()
 
-    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None) -> str:
-        """Join the group (every actor calls this at once); returns the interface gloo uses."""
+    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None,
+                shm: tuple[dict[str, dict[int, int]], str] | None = None) -> str:
+        """Join the group (every actor calls this at once) and, with ``shm`` (arena layout, name prefix),
+        create this actor's shared-memory arena; returns the interface gloo uses."""
         ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
         init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
                    ifname=ifname)
-        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions,
-                                     TorchChannel(self.name, ranks), self.timeout_s)
+        channel: Any = TorchChannel(self.name, ranks)
+        if shm is not None:
+            channel = ShmChannel(channel, self.name, shm[0], shm[1])
+        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel,
+                                     self.timeout_s)
         return ifname or ""
+
+    def attach(self) -> None:
+        """Map the arenas of the same-node peers (every actor created its own first)."""
+        if isinstance(self.executor.channel, ShmChannel):
+            self.executor.channel.attach()
+
+    def unlink(self) -> None:
+        """Remove this actor's arena name once every peer mapped it (nothing leaks if a process dies)."""
+        if isinstance(self.executor.channel, ShmChannel):
+            self.executor.channel.unlink()
 
     # -- a step ------------------------------------------------------------------------------------------------
     def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,

@@ -1,18 +1,22 @@
 """``RayEngine``: run a plan on Ray actors — one per worker and per dedicated server.
 
-Two data planes (``transport=``):
+Data planes (``transport=``):
 
-* ``"gloo"`` (default; ``"nccl"`` on GPUs): the actors form a torch.distributed process group and each runs
-  its share of the plan on a per-rank executor (``casync.engines.executor``): payloads go actor to actor
-  over the group, ops run priority-first with communication on their own threads, and Ray carries one call
-  per actor per iteration (gradients in, results out).
+* ``"direct"`` (default): the actors form a torch.distributed gloo process group and each runs its share of
+  the plan on a per-rank executor (``casync.engines.executor``): payloads go actor to actor — through
+  shared memory between actors on one node (``casync.transport.shm``), over the group between nodes — ops
+  run priority-first with communication on their own threads, and Ray carries one call per actor per
+  iteration (gradients in, results out).  ``"gloo"``: the same with every payload over gloo (TCP, also
+  on one node); ``"nccl"``: over NCCL (GPUs).
 * ``"objectstore"``: every task of the schedule (one actor's ops of one bucket in one hop) is one Ray call,
   and payloads travel as ObjectRefs through Ray's object store.  A whole iteration is submitted at once;
   actors run tasks as their inputs arrive.  Kept to compare the two.
 """
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,13 +30,14 @@ from ..engines.state import EngineState
 from ..engines.timeline import op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
-from ..schedule import Program, actor_shares, compile_program
+from ..schedule import Program, actor_shares, compile_program, plan_transfers
+from ..transport.shm import arenas
 from .executor_actor import RemoteExecutorActor
 from .ray_actor import RemoteSyncActor
 from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, positive_number
 
-TRANSPORTS = ("gloo", "nccl", "objectstore")
-DEFAULT_TRANSPORT = "gloo"
+TRANSPORTS = ("direct", "gloo", "nccl", "objectstore")
+DEFAULT_TRANSPORT = "direct"
 
 
 def submit_iteration(program: Program, actors: dict[str, Any], step: int,
@@ -135,9 +140,17 @@ class RayEngine(EngineBase):
         master, port = self._get([self.actors[names[0]].rendezvous.remote(self.transport_options.get("port"))],
                                  "starting actors")[0]
         ranks = {name: rank for rank, name in enumerate(names)}
+        shm = None
+        if self.transport == "direct":
+            layout = arenas(plan_transfers(self.plan), self.actor_nodes())
+            shm = (layout, f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}") if layout else None
+        backend = "nccl" if self.transport == "nccl" else "gloo"
         self.interfaces = dict(zip(names, self._get(
-            [self.actors[n].connect.remote(ranks, master, port, self.transport, self.transport_options.get("ifname"))
-             for n in names], f"forming the {self.transport} process group at {master}:{port}")))
+            [self.actors[n].connect.remote(ranks, master, port, backend, self.transport_options.get("ifname"), shm)
+             for n in names], f"forming the {backend} process group at {master}:{port}")))
+        if shm is not None:
+            self._get([a.attach.remote() for a in self.actors.values()], "mapping shared memory")
+            self._get([a.unlink.remote() for a in self.actors.values()], "mapping shared memory")
 
     def close(self) -> None:
         """Kill the actors and release the placement group; stop Ray if this engine started it."""

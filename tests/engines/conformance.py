@@ -36,6 +36,7 @@ def _ray(transport: str) -> Callable[[casync.SyncPlan], Any]:
 #: engine name -> (context manager making the engine for a plan, needs Ray)
 ENGINES: dict[str, tuple[Callable[[casync.SyncPlan], Any], bool]] = {
     "local": (_local, False),
+    "ray-direct": (_ray("direct"), True),
     "ray-gloo": (_ray("gloo"), True),
     "ray-objectstore": (_ray("objectstore"), True),
 }
