@@ -187,12 +187,13 @@ def transfer_ids(graph: Any) -> dict[str, int]:
     return {n: i for i, n in enumerate(sorted(n for n, op in graph.nodes(data="op") if op == "send"))}
 
 
-def actor_shares(plan: SyncPlan) -> dict[str, ActorShare]:
-    """Every actor's share of ``plan``, ops numbered in the plan's topological order."""
+def actor_shares(plan: SyncPlan, transfer_base: int = 0) -> dict[str, ActorShare]:
+    """Every actor's share of ``plan``, ops numbered in the plan's topological order; transfer ids start at
+    ``transfer_base`` (actors that run two plans over one channel keep their ids apart)."""
     graph = plan.graph
     hops = graph_hops(graph)
     rank = {n: r for r, n in enumerate(sorted(graph))}
-    tids = transfer_ids(graph)
+    tids = {n: transfer_base + i for n, i in transfer_ids(graph).items()}
     shares: dict[str, ActorShare] = {a: ActorShare(a, [], [], [], {}) for a in plan.actors}
     where: dict[str, tuple[str, int]] = {}
     for node in plan.topological_order():
@@ -223,13 +224,17 @@ def actor_shares(plan: SyncPlan) -> dict[str, ActorShare]:
     return shares
 
 
-def plan_transfers(plan: SyncPlan) -> list[Any]:
-    """Every send -> recv pair of ``plan`` with its id, ends and exact body size on the wire."""
+#: Where the transfer ids of a second plan run over the same channel start (a Trainer's full-precision plan).
+SECOND_PLAN_TRANSFERS = 1 << 24
+
+
+def plan_transfers(plan: SyncPlan, transfer_base: int = 0) -> list[Any]:
+    """Every send -> recv pair of ``plan`` with its id (from ``transfer_base``), ends and exact body size."""
     from primitives.wire import layout
 
     from .transport.shm import Transfer
 
-    ids = transfer_ids(plan.graph)
+    ids = {n: transfer_base + i for n, i in transfer_ids(plan.graph).items()}
     out = []
     for send, tid in ids.items():
         a = plan.graph.nodes[send]

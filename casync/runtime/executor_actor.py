@@ -7,7 +7,6 @@ so the driver can roll back a step it voids after the fact (NaN/Inf found by an 
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -19,12 +18,11 @@ from primitives.ir import Actor
 from ..engines.executor import RankExecutor
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import ActorShare
-from ..transport.shm import ShmChannel
-from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
+from .data_plane import DataPlaneMember
 from .ray_actor import _keep_freed_memory
 
 
-class ExecutorActor:
+class ExecutorActor(DataPlaneMember):
     """Hosts :class:`~casync.engines.executor.RankExecutor` for one actor of a plan."""
 
     def __init__(self, name: str, share: ActorShare, codecs: dict, plan_seed: int,
@@ -39,35 +37,8 @@ class ExecutorActor:
         self.previous: dict[str, np.ndarray] | None = None
         self.executor: RankExecutor | None = None
 
-    # -- set-up ----------------------------------------------------------------------------------------------
-    def rendezvous(self, port: int | None) -> tuple[str, int]:
-        """Where the group meets: this actor's node address and a free (or the configured) port."""
-        address = ray.util.get_node_ip_address()
-        return address, port or free_port()
-
-    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None,
-                shm: tuple[dict[str, dict[int, int]], str] | None = None) -> str:
-        """Join the group (every actor calls this at once) and, with ``shm`` (arena layout, name prefix),
-        create this actor's shared-memory arena; returns the interface gloo uses."""
-        ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
-        init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
-                   ifname=ifname)
-        channel: Any = TorchChannel(self.name, ranks)
-        if shm is not None:
-            channel = ShmChannel(channel, self.name, shm[0], shm[1])
-        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel,
-                                     self.timeout_s)
-        return ifname or ""
-
-    def attach(self) -> None:
-        """Map the arenas of the same-node peers (every actor created its own first)."""
-        if isinstance(self.executor.channel, ShmChannel):
-            self.executor.channel.attach()
-
-    def unlink(self) -> None:
-        """Remove this actor's arena name once every peer mapped it (nothing leaks if a process dies)."""
-        if isinstance(self.executor.channel, ShmChannel):
-            self.executor.channel.unlink()
+    def _on_channel(self, channel: Any) -> None:
+        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s)
 
     # -- a step ------------------------------------------------------------------------------------------------
     def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,
@@ -107,12 +78,6 @@ class ExecutorActor:
     def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
         self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
         self.previous = None
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 RemoteExecutorActor = ray.remote(ExecutorActor)

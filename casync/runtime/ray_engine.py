@@ -14,9 +14,7 @@ Data planes (``transport=``):
 """
 from __future__ import annotations
 
-import os
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,8 +28,8 @@ from ..engines.state import EngineState
 from ..engines.timeline import op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
-from ..schedule import Program, actor_shares, compile_program, plan_transfers
-from ..transport.shm import arenas
+from ..schedule import Program, actor_shares, compile_program
+from .data_plane import form_group
 from .executor_actor import RemoteExecutorActor
 from .ray_actor import RemoteSyncActor
 from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, positive_number
@@ -137,20 +135,7 @@ class RayEngine(EngineBase):
         for index, name in enumerate(names):
             self.group.start(name, RemoteExecutorActor, index, cpus, name, shares[name], self.plan.codecs,
                              self.plan.seed, partitions, self._layouts, self.timeout_s)
-        master, port = self._get([self.actors[names[0]].rendezvous.remote(self.transport_options.get("port"))],
-                                 "starting actors")[0]
-        ranks = {name: rank for rank, name in enumerate(names)}
-        shm = None
-        if self.transport == "direct":
-            layout = arenas(plan_transfers(self.plan), self.actor_nodes())
-            shm = (layout, f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}") if layout else None
-        backend = "nccl" if self.transport == "nccl" else "gloo"
-        self.interfaces = dict(zip(names, self._get(
-            [self.actors[n].connect.remote(ranks, master, port, backend, self.transport_options.get("ifname"), shm)
-             for n in names], f"forming the {backend} process group at {master}:{port}")))
-        if shm is not None:
-            self._get([a.attach.remote() for a in self.actors.values()], "mapping shared memory")
-            self._get([a.unlink.remote() for a in self.actors.values()], "mapping shared memory")
+        self.interfaces = form_group(self.actors, [(self.plan, 0)], self.transport, self.transport_options, self._get)
 
     def close(self) -> None:
         """Kill the actors and release the placement group; stop Ray if this engine started it."""

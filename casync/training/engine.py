@@ -21,8 +21,9 @@ from ..engines.nonfinite import layouts
 from ..engines.timeline import TimelineBuffer, op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
+from ..runtime.data_plane import form_group
 from ..runtime.ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup
-from ..schedule import actor_shares
+from ..schedule import SECOND_PLAN_TRANSFERS, actor_shares
 from .dgc import step_codecs
 from .options import TrainOptions
 from .step_sync import SYNC_GROUP, StepSyncActor
@@ -75,7 +76,7 @@ class TrainEngine:
         self.group.place(cpus, self.options.placement, hint="lower cpus_per_worker or add nodes", owner="Trainer")
         partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
         shares = actor_shares(self.plan)
-        full_shares = actor_shares(self.full_plan) if self.full_plan else {}
+        full_shares = actor_shares(self.full_plan, SECOND_PLAN_TRANSFERS) if self.full_plan else {}
         # Ray threads that only wait: finish() of a step while the next one computes
         worker_cls = ray.remote(concurrency_groups={SYNC_GROUP: 4})(TrainWorker)
         server_cls = ray.remote(concurrency_groups={SYNC_GROUP: 4})(StepSyncActor)
@@ -90,10 +91,8 @@ class TrainEngine:
                 self.group.start(name, server_cls, index, cpus[index], name, mine, self.codecs, self.plan.seed,
                                  partitions, self.options.timeout_s)
         self.get([a.ready.remote() for a in self.actors.values()], "starting the workers (model_fn, data_fn)")
-        master, port = self.get([self.actors[names[0]].rendezvous.remote(None)], "starting the process group")[0]
-        ranks = {name: rank for rank, name in enumerate(names)}
-        self.get([self.actors[n].connect.remote(ranks, master, port, "gloo", None) for n in names],
-                 f"forming the gloo process group at {master}:{port}")
+        plans = [(self.plan, 0)] + ([(self.full_plan, SECOND_PLAN_TRANSFERS)] if self.full_plan else [])
+        self.interfaces = form_group(self.actors, plans, self.options.transport, {}, self.get)
 
     def start_at(self, step: int) -> None:
         """The step the actors' sync threads take next (after restoring a checkpoint)."""

@@ -44,6 +44,8 @@ class TrainOptions:
       ``none``); error-feedback residuals are kept for the next compressed step.
     * ``check_every``: compare a hash of every worker's parameters every k steps (and at start and save);
       a mismatch raises :class:`casync.ReplicaMismatchError`.
+    * ``transport``: the data plane between the actors, ``"direct"`` (shared memory on a node, gloo between
+      nodes) or ``"gloo"`` (gloo everywhere); see ``casync.runtime.ray_engine``.
     """
 
     seed: int = 0
@@ -59,6 +61,7 @@ class TrainOptions:
     deterministic: bool = True
     cpus_per_worker: float = 1.0
     placement: str = "spread"
+    transport: str = "direct"
 
     def __post_init__(self) -> None:
         _int("seed", self.seed, 0)
@@ -83,6 +86,8 @@ class TrainOptions:
         _real("cpus_per_worker", self.cpus_per_worker, 0.0, float("inf"))
         if self.placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {self.placement!r}")
+        if self.transport not in ("direct", "gloo"):
+            raise ValueError(f"transport must be 'direct' or 'gloo', got {self.transport!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,8 +22,8 @@ from primitives.codecs import Codec
 from ..engines.executor import RankExecutor
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..errors import SyncError, SyncTimeoutError
+from ..runtime.data_plane import DataPlaneMember
 from ..schedule import ActorShare
-from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
 
 SYNC_GROUP = "sync"
 
@@ -51,12 +51,13 @@ class StepState:
     momentum: dict[str, np.ndarray] | None = None  # momentum-correction buffers before the step (to void it)
 
 
-class StepSyncActor:
+class StepSyncActor(DataPlaneMember):
     """Runs one actor's share of every step's sync (a PS server of a Trainer uses it as is)."""
 
     def __init__(self, name: str, shares: dict[bool, ActorShare], codecs: dict[str, Codec], plan_seed: int,
                  partitions: dict[str, list[tuple[int, int]]], timeout_s: float):
         self.name = name
+        self.timeout_s = timeout_s
         self._shares = shares  # full precision? -> this actor's share of that plan
         self._codecs = dict(codecs)
         self._plan_seed = plan_seed
@@ -77,19 +78,11 @@ class StepSyncActor:
         return self.name
 
     # -- the process group --------------------------------------------------------------------------------------
-    def rendezvous(self, port: int | None) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), port or free_port()
-
-    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None) -> str:
-        """Join the Trainer's process group and start the sync thread; returns the interface used."""
-        ifname = ifname or interface_of(ray.util.get_node_ip_address())
-        init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self._timeout_s,
-                   ifname=ifname)
-        channel = TorchChannel(self.name, ranks)
+    def _on_channel(self, channel: Any) -> None:
+        """Build an executor per plan (the compressed one, and the full-precision one if any) and start syncing."""
         self._executors = {full: RankExecutor(share, self._codecs, self._plan_seed, self._partitions, channel,
                                               self._timeout_s) for full, share in self._shares.items()}
         self._thread.start()
-        return ifname or ""
 
     def start_at(self, step: int) -> None:
         """The first step the sync thread will take (after a checkpoint is loaded)."""

@@ -1,0 +1,89 @@
+"""The direct data plane on Ray, both sides: what every actor does to join it, and how a driver forms it.
+
+The actors of an engine (RayEngine's or a Trainer's) form one torch.distributed process group, set up as Ray
+Train sets up its workers: the first actor picks its node's address and a port, all of them call
+``init_process_group`` at once.  With ``transport="direct"`` actors on one node also map each other's
+shared-memory receive arenas (``casync.transport.shm``), and every name is unlinked once mapped.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, Callable
+
+import ray
+
+from ..plan.syncplan import SyncPlan
+from ..schedule import plan_transfers
+from ..transport.shm import ShmChannel, arenas
+from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
+
+
+class DataPlaneMember:
+    """Mixed into an actor class: joins the group and builds its channel; ``_on_channel(channel)`` takes it."""
+
+    timeout_s: float
+    name: str
+    _channel: Any = None
+
+    def rendezvous(self, port: int | None) -> tuple[str, int]:
+        """Where the group meets: this actor's node address and a free (or the configured) port."""
+        return ray.util.get_node_ip_address(), port or free_port()
+
+    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None,
+                shm: tuple[dict[str, dict[int, int]], str] | None = None) -> str:
+        """Join the group (every actor calls this at once) and, with ``shm`` (arena layout, name prefix),
+        create this actor's shared-memory arena; returns the network interface gloo uses."""
+        ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
+        init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
+                   ifname=ifname)
+        channel: Any = TorchChannel(self.name, ranks)
+        if shm is not None:
+            channel = ShmChannel(channel, self.name, shm[0], shm[1])
+        self._channel = channel
+        self._on_channel(channel)
+        return ifname or ""
+
+    def _on_channel(self, channel: Any) -> None:
+        raise TypeError(f"{type(self).__name__} must define _on_channel")
+
+    def attach(self) -> None:
+        """Map the arenas of the same-node peers (every actor created its own first)."""
+        if isinstance(self._channel, ShmChannel):
+            self._channel.attach()
+
+    def unlink(self) -> None:
+        """Remove this actor's arena name once every peer mapped it (nothing leaks if a process dies)."""
+        if isinstance(self._channel, ShmChannel):
+            self._channel.unlink()
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transport: str, options: dict[str, Any],
+               get: Callable[[list[Any], str], list[Any]]) -> dict[str, str]:
+    """Form the data plane of ``actors`` (names in rank order) for ``plans`` (each with the number its transfer
+    ids start at, as in ``actor_shares``); returns each actor's network interface.
+
+    ``get`` is the engine's ``ray.get`` with its timeout and failure mapping."""
+    names = list(actors)
+    master, port = get([actors[names[0]].rendezvous.remote(options.get("port"))], "starting the data plane")[0]
+    ranks = {name: rank for rank, name in enumerate(names)}
+    shm = None
+    if transport == "direct":
+        nodes = dict(zip(names, get([actors[n].node_id.remote() for n in names], "locating the actors")))
+        # one slot per transfer of every plan the actors run (a Trainer's full-precision plan too)
+        layout = arenas([t for plan, base in plans for t in plan_transfers(plan, base)], nodes)
+        shm = (layout, f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}") if layout else None
+    backend = "nccl" if transport == "nccl" else "gloo"
+    interfaces = dict(zip(names, get([actors[n].connect.remote(ranks, master, port, backend, options.get("ifname"),
+                                                               shm) for n in names],
+                                     f"forming the {backend} process group at {master}:{port}")))
+    if shm is not None:
+        get([a.attach.remote() for a in actors.values()], "mapping shared memory")
+        get([a.unlink.remote() for a in actors.values()], "mapping shared memory")
+    return interfaces
