@@ -112,16 +112,17 @@ def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int, op
             mine = [t for t in tasks if lo <= t.created <= hi]
             s["breakdown"] = rb.sync_breakdown(s.pop("rows"), mine, ids, getattr(engine, "program", None))
             s["cpu"] = sampler.between(*s["breakdown"]["span"])
+            s["cpu"]["ops"] = sum(a["op_cpu"] for a in s["breakdown"]["per_actor"].values())
             subs = [(a, b) for a, b in submits if lo <= a <= hi]
             s["submit_s"] = sum(b - a for a, b in subs)
             s["submitted_before_first_op_s"] = s["breakdown"]["span"][0] - max((b for _, b in subs), default=lo)
-        median = sorted(syncs, key=lambda s: s["span_s"])[len(syncs) // 2]
+        median = sorted(range(len(syncs)), key=lambda i: syncs[i]["span_s"])[len(syncs) // 2]
         cpu = {k: statistics.fmean(s["cpu"][k] for s in syncs) for k in syncs[0]["cpu"]}  # 10 ms ticks: a mean
         return {"spans_s": [s["span_s"] for s in syncs], "walls_s": [s["wall_s"] for s in syncs],
                 "span_s": statistics.median(s["span_s"] for s in syncs),
                 "wall_s": statistics.median(s["wall_s"] for s in syncs), "consistent": consistent,
-                "rel_error": rel_error, "ray_calls": median["breakdown"]["calls"], "cpu": cpu,
-                "median_sync": median, "syncs": syncs}
+                "rel_error": rel_error, "ray_calls": syncs[median]["breakdown"]["calls"], "cpu": cpu,
+                "median_index": median, "syncs": syncs}
 
 
 def send_bytes(plan) -> float:
@@ -143,12 +144,20 @@ def predicted(plan, cluster) -> dict[str, float]:
 
 # -- the report ----------------------------------------------------------------------------------------------
 
+def ray_cpu(c: dict[str, float]) -> float:
+    """CPU seconds of Ray's own machinery in a span: the actors outside their ops, the driver, raylet, GCS."""
+    return c["actors"] - c["ops"] + c["driver"] + c["raylet"] + c["gcs_server"] + c["other Ray"]
+
+
 def ms(x: float | None) -> Any:
     return "" if x is None else round(x * 1e3, 1)
 
 
 def render(result: dict[str, Any]) -> str:
     m, runs, gloo = result["machine"], result["runs"], result["gloo"]
+
+    def med(r: dict[str, Any]) -> dict[str, Any]:
+        return r["syncs"][r["median_index"]]  # the median sync: its breakdown adds up to the median span
     ref = {name: statistics.median(t for g in gloo for t in g[name]["sync_s"]) for name in GLOO}
     L = ["# Where RayEngine's time goes: RayEngine vs gloo all_reduce vs the simulator", "",
          f"Generated {result['date']} in {result['seconds']:.0f} s by", "", f"```\n{result['command']}\n```", "",
@@ -169,7 +178,8 @@ def render(result: dict[str, Any]) -> str:
         body.append([r["config"], r["transport"] or "default", f"{ms(r['span_s'])} ({ms(min(r['spans_s']))}–"
                      f"{ms(max(r['spans_s']))})", ms(r["wall_s"]), r["ray_calls"] or "",
                      round(r["span_s"] / ref["gloo-bucket"], 2), round(r["span_s"] / ref["gloo-tensor"], 2),
-                     ms(r["sim"]["span_s"]), round(r["span_s"] / r["sim"]["span_s"], 2), f"{r['rel_error']:.1e}"])
+                     ms(r["sim"]["span_s"]), round(r["span_s"] / r["sim"]["span_s"], 2),
+                     f"{r['rel_error']:.1e}" + ("" if r["consistent"] else " INCONSISTENT")])
     for name in GLOO:
         runs_ms = " / ".join(str(ms(g[name]["sync_median_s"])) for g in gloo)
         body.append([BASELINES[name], "", f"{ms(ref[name])} (before / after: {runs_ms})", "", "", "", "", "", "", ""])
@@ -181,10 +191,10 @@ def render(result: dict[str, Any]) -> str:
     head = ["category"] + [f"{r['config']} ms" for r in runs] + [f"{r['config']} %" for r in runs]
     body = []
     for key, label in rb.CATEGORIES.items():
-        body.append([f"{label} (`{key}`)"] + [ms(r["median_sync"]["breakdown"]["mean"][key]) for r in runs]
-                    + [round(100 * r["median_sync"]["breakdown"]["mean"][key] / r["median_sync"]["span_s"])
+        body.append([f"{label} (`{key}`)"] + [ms(med(r)["breakdown"]["mean"][key]) for r in runs]
+                    + [round(100 * med(r)["breakdown"]["mean"][key] / med(r)["span_s"])
                        for r in runs])
-    body.append(["**sum = sync span**"] + [ms(sum(r["median_sync"]["breakdown"]["mean"].values())) for r in runs]
+    body.append(["**sum = sync span**"] + [ms(sum(med(r)["breakdown"]["mean"].values())) for r in runs]
                 + [100 for _ in runs])
     L += [markdown_table(head, body), ""]
     L += ["## Per Ray call, per sync and against the simulator", ""]
@@ -199,26 +209,35 @@ def render(result: dict[str, Any]) -> str:
                 1e3 * sum(b["mean"][k] for k in ("deserialize", "store", "task_loop", "between_ops")) / (b["calls"] / r["actors"]), 2)),
             ("ms per call: idle owner + delivery", lambda r, b: round(
                 1e3 * (b["mean"]["owner"] + b["mean"]["delivery"]) / (b["calls"] / r["actors"]), 2)),
-            ("driver: ms in submit_task per sync", lambda r, b: ms(r["median_sync"]["submit_s"])),
-            ("driver: last submission, ms before the first op", lambda r, b: ms(r["median_sync"]["submitted_before_first_op_s"])),
+            ("Ray's CPU per Ray call, ms (actors outside ops, driver, raylet, GCS; in the span)", lambda r, b: round(
+                1e3 * ray_cpu(r["cpu"]) / b["calls"], 2)),
+            ("driver: ms in submit_task per sync", lambda r, b: ms(med(r)["submit_s"])),
+            ("driver: last submit_task ended, ms before the first op (< 0: after)", lambda r, b: ms(med(r)["submitted_before_first_op_s"])),
             ("ops' wall per actor, ms (measured)", lambda r, b: ms(b["mean"]["op_cpu"] + b["mean"]["op_wait"])),
             ("ops' compute per actor, ms (simulator)", lambda r, b: ms(r["sim"]["compute_s"])),
             ("store per actor, ms (measured)", lambda r, b: ms(b["mean"]["store"])),
             ("transfers per actor, ms (simulator's egress lane)", lambda r, b: ms(r["sim"]["transfer_s"]))]
-    L += [markdown_table(head, [[label] + [f(r, r["median_sync"]["breakdown"]) for r in runs] for label, f in rows]), ""]
-    L += ["## CPU in the sync span (/proc, sampled every 10 ms; mean over the timed syncs)", "",
-          f"CPU seconds each group of processes used between the first and the last op, against the capacity of "
-          f"{m['cores']} cores × span. *outside*: busy time of the machine that none of these processes account "
-          "for (other users of this shared machine). The actors' main threads are where Ray runs their calls: on "
-          "a CPU, runnable but waiting for one, or blocked (idle, or waiting on Ray's IPC), per actor.", ""]
+    L += [markdown_table(head, [[label] + [f(r, med(r)["breakdown"]) for r in runs] for label, f in rows]), ""]
+    L += ["## CPU in the sync span", "",
+          "CPU seconds used between the first and the last op, mean over the timed syncs, against the capacity of "
+          f"{m['cores']} cores × span: /proc counters sampled every 10 ms (`ray_breakdown.CpuSampler`). The actors' "
+          "main threads are where Ray runs their calls (their CPU from schedstat, the ops' own from the timeline); "
+          "*outside* is busy time of the machine that none of these processes account for (other users of this "
+          "shared machine).", ""]
     head = ["CPU ms in the span"] + [r["config"] for r in runs]
-    keys = ["driver", "actors", "raylet", "gcs_server", "other Ray", "outside", "idle"]
-    body = [[k] + [ms(r["cpu"][k]) for r in runs] for k in keys]
+
+    def parts(c: dict[str, float]) -> list[tuple[str, float]]:
+        main = c["actor thread on CPU"]
+        return [("actors: ops", c["ops"]), ("actors: main thread outside ops (Ray's task path)", main - c["ops"]),
+                ("actors: other threads (Ray's RPC/IO)", max(0.0, c["actors"] - main)), ("driver", c["driver"]),
+                ("raylet (plasma store, scheduling)", c["raylet"]), ("gcs_server + other Ray", c["gcs_server"] + c["other Ray"]),
+                ("outside (other processes, interrupts)", c["outside"]), ("idle", c["idle"])]
+
+    labels = [label for label, _ in parts(runs[0]["cpu"])] if runs else []
+    body = [[label] + [ms(dict(parts(r["cpu"]))[label]) for r in runs] for label in labels]
     body.append(["**cores × span**"] + [ms(m["cores"] * statistics.fmean(r["spans_s"])) for r in runs])
-    per_actor = [("actor main thread: on a CPU, % of span", "actor thread on CPU"),
-                 ("actor main thread: waiting for a CPU, % of span", "actor thread waiting for CPU")]
-    for label, key in per_actor:
-        body.append([label] + [round(100 * r["cpu"][key] / r["actors"] / statistics.fmean(r["spans_s"])) for r in runs])
+    body.append(["actor main thread waiting for a CPU, % of span"] + [
+        round(100 * r["cpu"]["actor thread waiting for CPU"] / r["actors"] / statistics.fmean(r["spans_s"])) for r in runs])
     L += [markdown_table(head, body), ""]
     return "\n".join(L) + "\n"
 
