@@ -270,13 +270,13 @@ def sync_breakdown(rows: Sequence[dict[str, Any]], tasks: Sequence[RayTask], act
 # CPU seconds and page faults per process group (Linux /proc)
 # -----------------------------------------------------------------------------------------------------
 
-def _proc_stat(pid: int) -> tuple[float, float, int]:
-    """(user s, system s, minor page faults) of a process so far; zeros where it is gone."""
+def _proc_stat(pid: int) -> tuple[float, float, int] | None:
+    """(user s, system s, minor page faults) of a process so far; None where it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0, 0.0, 0
+        return None
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
@@ -320,13 +320,15 @@ def _schedstat(pid: int) -> tuple[float, float]:
         return 0.0, 0.0
 
 
-def cpu_sample(groups: Mapping[str, Sequence[int]]) -> dict[str, float]:
+def cpu_sample(groups: Mapping[str, Sequence[int]], last: dict[int, tuple[float, float, int]]) -> dict[str, float]:
     """Cumulative counters now: per group CPU seconds (user+sys, all threads) and minor page faults, the
     actors' main threads (where Ray runs their calls) on a CPU / waiting for one, and the machine's busy
-    seconds."""
+    seconds.  ``last``: pid -> its latest counters, kept for a process that exits (Ray ends idle workers)."""
     out = {}
     for name, pids in groups.items():
-        stats = [_proc_stat(p) for p in pids]
+        for pid in pids:
+            last[pid] = _proc_stat(pid) or last.get(pid, (0.0, 0.0, 0))
+        stats = [last[p] for p in pids]
         out[name] = sum(u + s for u, s, _ in stats)
         out[f"{name} faults"] = sum(f for _, _, f in stats)
     sched = [_schedstat(p) for p in groups.get("actors", ())]
@@ -346,12 +348,13 @@ class CpuSampler:
 
         self.groups, self.interval = groups, interval
         self.samples: list[tuple[float, dict[str, float]]] = []
+        self._last: dict[int, tuple[float, float, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time(), cpu_sample(self.groups)))
+            self.samples.append((time.time(), cpu_sample(self.groups, self._last)))
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "CpuSampler":
@@ -364,6 +367,8 @@ class CpuSampler:
 
     def at(self, t: float) -> dict[str, float]:
         """Counters at time ``t``, interpolated linearly between the samples around it."""
+        if len(self.samples) < 2:
+            raise ValueError("fewer than two CPU samples: was the sampler running over the window?")
         times = [s[0] for s in self.samples]
         i = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
         (t0, a), (t1, b) = self.samples[i - 1], self.samples[i]

@@ -95,3 +95,21 @@ def test_transport_is_passed_only_to_an_engine_that_takes_one():
     else:
         with pytest.raises(SystemExit, match="no transport parameter"):
             bench.engine_options("direct")
+
+
+def test_cpu_sampler_reads_any_window_and_keeps_the_counters_of_a_process_that_exits():
+    import os
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; t = time.process_time(); "
+                              "exec('while time.process_time() - t < 0.05: pass')"])
+    with rb.CpuSampler({"driver": [os.getpid()], "child": [child.pid]}, interval=0.005) as sampler:
+        t0, start = time.time(), time.process_time()
+        while time.process_time() - start < 0.1:  # burn some CPU in this process
+            pass
+        child.wait()
+        time.sleep(0.05)  # samples after the child is gone
+        t1 = time.time()
+    window = sampler.between(t0, t1)
+    assert window["driver"] > 0 and window["outside"] >= 0 and window["idle"] >= 0
+    assert sampler.at(t1)["child"] >= sampler.at(t0)["child"] >= 0  # no drop to zero when it exited
