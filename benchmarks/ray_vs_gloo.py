@@ -3,7 +3,7 @@
 
     python benchmarks/ray_vs_gloo.py [--iters 5] [--workers 4] [--out benchmarks/results]
                                      [--configs ring/none,ring/onebit,ps-twoway/randomk:ratio=0.01]
-                                     [--transport NAME[,NAME...]] [--model resnet50]
+                                     [--transport NAME[,NAME...]] [--rounds 1] [--model resnet50]
 
 Measured side by side in one run, on the same gradients (``casync.bench.workload``: worker w's gradient is
 seeded by (seed, w)), mean over workers:
@@ -12,12 +12,14 @@ seeded by (seed, w)), mean over workers:
   ``casync bench``) on an embedded local Ray; gradients made on the actors' node by
   ``casync.bench.measure.GradientStore``.  The *sync span* is the engine's timeline from the first op of
   any worker to the last op of any worker (``casync.bench.measure.sync_span``); median over ``--iters``
-  syncs after one warm-up.  Each span is cut into categories that add up (``benchmarks/ray_breakdown.py``:
-  RayEngine's per-op rows with their CPU time, and Ray's task events), and the CPU seconds and page faults
-  of the driver, the actors and Ray's processes are read from /proc around every sync.
+  syncs after one warm-up (``--rounds R``: all configurations R times, syncs pooled).  Each span is cut
+  into categories that add up (``benchmarks/ray_breakdown.py``: RayEngine's per-op rows with their CPU
+  time, and Ray's task events), and the CPU seconds of the driver, the actors, Ray's processes and the
+  rest of the machine in the span are read from /proc, sampled every 10 ms.
 * **gloo**: ``casync.bench.baselines.run_baselines`` with ``gloo-bucket`` (all_reduce of 25 MiB buckets,
   what DDP does) and ``gloo-tensor`` (one all_reduce per tensor), 4 processes on loopback, barrier to
-  barrier; run before the RayEngine configurations and again after, ratios against the median of both.
+  barrier; run before the first round and after every round (without Ray up), ratios against the median
+  of all.
 * **simulator**: ``casync.simulate(plan, ClusterModel(nodes=1, workers_per_node=W, cores_per_node=<cores>))``
   with the packaged profile, the same plans.
 
@@ -116,13 +118,17 @@ def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int, op
             subs = [(a, b) for a, b in submits if lo <= a <= hi]
             s["submit_s"] = sum(b - a for a, b in subs)
             s["submitted_before_first_op_s"] = s["breakdown"]["span"][0] - max((b for _, b in subs), default=lo)
-        median = sorted(range(len(syncs)), key=lambda i: syncs[i]["span_s"])[len(syncs) // 2]
-        cpu = {k: statistics.fmean(s["cpu"][k] for s in syncs) for k in syncs[0]["cpu"]}  # 10 ms ticks: a mean
-        return {"spans_s": [s["span_s"] for s in syncs], "walls_s": [s["wall_s"] for s in syncs],
-                "span_s": statistics.median(s["span_s"] for s in syncs),
-                "wall_s": statistics.median(s["wall_s"] for s in syncs), "consistent": consistent,
-                "rel_error": rel_error, "ray_calls": syncs[median]["breakdown"]["calls"], "cpu": cpu,
-                "median_index": median, "syncs": syncs}
+        return {"syncs": syncs, "consistent": consistent, "rel_error": rel_error}
+
+
+def summarize(run: dict[str, Any]) -> None:
+    """Add the medians over a configuration's timed syncs (all rounds) and the index of the median sync."""
+    syncs = run["syncs"]
+    median = sorted(range(len(syncs)), key=lambda i: syncs[i]["span_s"])[len(syncs) // 2]
+    run.update(spans_s=[s["span_s"] for s in syncs], walls_s=[s["wall_s"] for s in syncs],
+               span_s=statistics.median(s["span_s"] for s in syncs), wall_s=statistics.median(s["wall_s"] for s in syncs),
+               ray_calls=syncs[median]["breakdown"]["calls"], median_index=median,
+               cpu={k: statistics.fmean(s["cpu"][k] for s in syncs) for k in syncs[0]["cpu"]})  # 10 ms ticks: a mean
 
 
 def send_bytes(plan) -> float:
@@ -154,7 +160,7 @@ def ms(x: float | None) -> Any:
 
 
 def render(result: dict[str, Any]) -> str:
-    m, runs, gloo = result["machine"], result["runs"], result["gloo"]
+    m, runs, gloo, rounds = result["machine"], result["runs"], result["gloo"], result["rounds"]
 
     def med(r: dict[str, Any]) -> dict[str, Any]:
         return r["syncs"][r["median_index"]]  # the median sync: its breakdown adds up to the median span
@@ -166,10 +172,11 @@ def render(result: dict[str, Any]) -> str:
          "absolute times move by tens of percent between runs; the ratios below come from this one run.", "",
          f"Workload: `{result['model']}`, {result['numel'] / 1e6:.1f}M floats ({result['numel'] * 4 / 1e6:.0f} MB) per "
          f"worker, {result['workers']} workers, mean. Sync span = the engine's timeline from the first op of any "
-         "worker to the last op of any worker (gradients already in the actors), median of "
-         f"{result['iters']} syncs after a warm-up, one fresh RayEngine per configuration. gloo: all_reduce + "
-         f"divide, {result['workers']} processes on loopback, barrier to barrier, {result['iters']} iterations, run "
-         "before and again after the RayEngine configurations (ratios against the median of both). Simulator: "
+         f"worker to the last op of any worker (gradients already in the actors); {rounds} round(s), each: every "
+         f"configuration on a fresh RayEngine, {result['iters']} syncs after a warm-up, then gloo; medians over all "
+         f"{rounds * result['iters']} syncs. gloo: all_reduce + divide, {result['workers']} processes on loopback, "
+         f"barrier to barrier, {result['iters']} iterations, run before the first round and after every round "
+         "(ratios against the median of all). Simulator: "
          f"`{result['cluster']}`, packaged profile.", ""]
     head = ["configuration", "transport", "sync span ms (min–max)", "run_flat wall ms", "Ray calls",
             "× gloo 25 MiB buckets", "× gloo per tensor", "simulator ms", "× simulator", "rel err"]
@@ -182,7 +189,7 @@ def render(result: dict[str, Any]) -> str:
                      f"{r['rel_error']:.1e}" + ("" if r["consistent"] else " INCONSISTENT")])
     for name in GLOO:
         runs_ms = " / ".join(str(ms(g[name]["sync_median_s"])) for g in gloo)
-        body.append([BASELINES[name], "", f"{ms(ref[name])} (before / after: {runs_ms})", "", "", "", "", "", "", ""])
+        body.append([BASELINES[name], "", f"{ms(ref[name])} (each gloo run: {runs_ms})", "", "", "", "", "", "", ""])
     L += ["## Sync span", "", markdown_table(head, body), ""]
     L += ["## Where the span goes", "",
           "Each actor's time in the span of the median sync, cut into categories that add up to the span; the "
@@ -250,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--configs", default=",".join(CONFIGS), help="strategy/codec pairs, comma-separated")
     p.add_argument("--transport", default=None, help="RayEngine transport(s), comma-separated (when RayEngine has one)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat [every configuration, then gloo] this many times and pool the syncs (a shared "
+                        "machine's load moves; rounds spread it over all configurations)")
     args = p.parse_args(argv)
-    if args.iters < 1 or args.workers < 2:
-        p.error("--iters must be >= 1 and --workers >= 2")
+    if args.iters < 1 or args.workers < 2 or args.rounds < 1:
+        p.error("--iters and --rounds must be >= 1, --workers >= 2")
     transports = [t.strip() for t in args.transport.split(",")] if args.transport else [None]
     options = {t: engine_options(t) for t in transports}
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
@@ -262,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c.strip().split("/", 1) for c in args.configs.split(",") if c.strip()]
     codecs = tuple(codec for _, codec in configs)
     result: dict[str, Any] = {"machine": machine_info(), "command": command, "model": args.model,
-                              "workers": args.workers, "iters": args.iters, "cluster": repr(cluster),
+                              "workers": args.workers, "iters": args.iters, "rounds": args.rounds,
+                              "cluster": repr(cluster),
                               "gloo": [], "runs": []}
     import ray
 
@@ -272,26 +283,33 @@ def main(argv: list[str] | None = None) -> int:
         log(f"gloo: {', '.join(GLOO)}, {args.workers} processes")
         result["gloo"].append(run_baselines(setup.launcher(), args.model, args.workers, GLOO, iters=args.iters))
 
+    plans = {f"{strategy}/{codec}": make_plan(args.model, args.workers, strategy, codec, codecs, cluster)
+             for strategy, codec in configs}
+    runs = {(label, t): {"config": label, "transport": t, "actors": len(plan.actors), "send_bytes": send_bytes(plan),
+                         "sim": predicted(plan, cluster), "syncs": [], "consistent": True}
+            for t in transports for label, plan in plans.items()}
+    exact = exact_mean(args.model, args.workers)
     try:
         gloo()
-        connect_ray(None)
-        store = GradientStore(args.model)
-        exact = exact_mean(args.model, args.workers)
-        for transport in transports:
-            for strategy, codec in configs:
-                plan = make_plan(args.model, args.workers, strategy, codec, codecs, cluster)
-                label = f"{strategy}/{codec}"
-                log(f"RayEngine {label}, transport {transport or 'default'}: {len(plan.graph)} ops")
-                run = measure_engine(plan, store, exact, args.iters, options[transport])
-                run.update(config=label, transport=transport, actors=len(plan.actors), send_bytes=send_bytes(plan),
-                           sim=predicted(plan, cluster))
-                log(f"  span {ms(run['span_s'])} ms (simulator {ms(run['sim']['span_s'])} ms)")
-                result["runs"].append(run)
-        ray.shutdown()
-        gloo()
+        for round_ in range(args.rounds):
+            connect_ray(None)  # gloo always runs without Ray's processes up
+            store = GradientStore(args.model)
+            for (label, transport), run in runs.items():
+                log(f"round {round_ + 1}/{args.rounds}: RayEngine {label}, transport {transport or 'default'}")
+                got = measure_engine(plans[label], store, exact, args.iters, options[transport])
+                run["syncs"] += got["syncs"]
+                run["consistent"] &= got["consistent"]
+                run.setdefault("rel_error", got["rel_error"])
+                log(f"  median span {ms(statistics.median(s['span_s'] for s in got['syncs']))} ms "
+                    f"(simulator {ms(run['sim']['span_s'])} ms)")
+            ray.shutdown()
+            gloo()
     finally:
         if ray.is_initialized():
             ray.shutdown()
+    for run in runs.values():
+        summarize(run)
+    result["runs"] = list(runs.values())
     result["numel"] = model_numel(args.model)
     result["seconds"] = time.time() - started
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
