@@ -192,17 +192,20 @@ def render(result: dict[str, Any]) -> str:
         body.append([BASELINES[name], "", f"{ms(ref[name])} (each gloo run: {runs_ms})", "", "", "", "", "", "", ""])
     L += ["## Sync span", "", markdown_table(head, body), ""]
     L += ["## Where the span goes", "",
-          "Each actor's time in the span of the median sync, cut into categories that add up to the span; the "
-          "mean over actors (so the column sums to the span). How each is attributed: `benchmarks/"
-          "ray_breakdown.py` and `docs/performance.md`.", ""]
-    head = ["category"] + [f"{r['config']} ms" for r in runs] + [f"{r['config']} %" for r in runs]
-    body = []
-    for key, label in rb.CATEGORIES.items():
-        body.append([f"{label} (`{key}`)"] + [ms(med(r)["breakdown"]["mean"][key]) for r in runs]
-                    + [round(100 * med(r)["breakdown"]["mean"][key] / med(r)["span_s"])
-                       for r in runs])
+          "Each actor's time in the span cut into categories that add up to the span, averaged over actors: in ms "
+          "for the median sync (the column sums to the median span), and in % of the span over all timed syncs "
+          "(category totals over span totals: the column sums to 100). How each is attributed: `benchmarks/"
+          "ray_breakdown.py` and `docs/performance.md`. Wall time: on this machine the actors wait for a core "
+          "during most of it (see the CPU table below).", ""]
+
+    def share(r: dict[str, Any], key: str) -> float:
+        return 100 * sum(s["breakdown"]["mean"][key] for s in r["syncs"]) / sum(s["span_s"] for s in r["syncs"])
+
+    head = ["category"] + [f"{r['config']} ms" for r in runs] + [f"{r['config']} % (all syncs)" for r in runs]
+    body = [[f"{label} (`{key}`)"] + [ms(med(r)["breakdown"]["mean"][key]) for r in runs]
+            + [round(share(r, key), 1) for r in runs] for key, label in rb.CATEGORIES.items()]
     body.append(["**sum = sync span**"] + [ms(sum(med(r)["breakdown"]["mean"].values())) for r in runs]
-                + [100 for _ in runs])
+                + [round(sum(share(r, k) for k in rb.CATEGORIES), 1) for r in runs])
     L += [markdown_table(head, body), ""]
     L += ["## Per Ray call, per sync and against the simulator", ""]
     head = ["figure"] + [r["config"] for r in runs]
@@ -243,6 +246,8 @@ def render(result: dict[str, Any]) -> str:
     labels = [label for label, _ in parts(runs[0]["cpu"])] if runs else []
     body = [[label] + [ms(dict(parts(r["cpu"]))[label]) for r in runs] for label in labels]
     body.append(["**cores × span**"] + [ms(m["cores"] * statistics.fmean(r["spans_s"])) for r in runs])
+    body.append(["Ray's machinery (rows 2–6) / the ops' own CPU"] + [round(ray_cpu(r["cpu"]) / r["cpu"]["ops"], 1)
+                                                                   for r in runs])
     body.append(["actor main thread waiting for a CPU, % of span"] + [
         round(100 * r["cpu"]["actor thread waiting for CPU"] / r["actors"] / statistics.fmean(r["spans_s"])) for r in runs])
     L += [markdown_table(head, body), ""]
