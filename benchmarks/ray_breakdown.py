@@ -121,18 +121,28 @@ def ray_tasks(actor_ids: Iterable[str], since: float, until: float) -> tuple[lis
 
 def absolute_rows(rows: Sequence[dict[str, Any]], tasks: Sequence[RayTask], actor_ids: Mapping[str, str]) -> list[dict]:
     """``RayEngine.timeline(step)`` rows (times relative to the step's first row) moved onto the epoch clock of
-    Ray's events: each actor's ``load`` row is its ``load`` call's body; the median offset over actors."""
-    offsets = []
+    Ray's events.
+
+    Each actor's ``load`` row lies inside its ``load`` call's body, so ``body start - row start`` is a lower
+    bound of the shift, short by however long the actor took from Ray starting the body to the row's first
+    clock reading (a preempted actor: milliseconds).  The largest lower bound over actors is the tightest; the
+    smallest ``body end - row end`` is an upper bound, checked.
+    """
+    lower, upper = [], []
     for row in rows:
         if row["op"] != "load":
             continue
         call = next((t for t in tasks if t.method == "load" and t.actor_id == actor_ids.get(row["actor"])
                      and t.execute), None)
         if call is not None:
-            offsets.append(call.execute[0] - row["start"])
-    if not offsets:
+            lower.append(call.execute[0] - row["start"])
+            upper.append(call.execute[1] - row["end"])
+    if not lower:
         raise ValueError("no load row matches a Ray 'load' call: cannot place the timeline on Ray's clock")
-    offset = statistics.median(offsets)
+    offset = max(lower)
+    if offset > min(upper) + SLACK_S:
+        raise ValueError(f"the timeline's load rows do not fit in Ray's load calls (shift between "
+                         f"{max(lower):.6f} and {min(upper):.6f})")
     return [dict(r, start=r["start"] + offset, end=r["end"] + offset) for r in rows]
 
 

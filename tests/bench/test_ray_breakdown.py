@@ -54,6 +54,20 @@ def test_idle_time_before_a_call_waits_first_for_its_inputs_and_everything_is_cl
     assert rb.actor_breakdown([], [], (1.0, 6.0))["wait_inputs"] == pytest.approx(5.0)  # no calls at all
 
 
+def test_the_timeline_is_placed_on_rays_clock_by_the_least_delayed_load():
+    # worker:0 read its clock 10 us into its load call; worker:1 was preempted 7 ms before reading it
+    calls = [rb.RayTask("a0", "load", 0.0, 0.0, 99.99, 100.02, execute=(99.99999, 100.01)),
+             rb.RayTask("a1", "load", 0.0, 0.0, 100.0, 100.03, execute=(100.001, 100.02))]
+    rows = [{"op": "load", "actor": "worker:0", "start": 0.0, "end": 0.009},
+            {"op": "load", "actor": "worker:1", "start": 0.008, "end": 0.018},
+            {"op": "encode", "actor": "worker:0", "start": 0.05, "end": 0.06}]
+    placed = rb.absolute_rows(rows, calls, {"worker:0": "a0", "worker:1": "a1"})
+    assert placed[0]["start"] == pytest.approx(100.0, abs=2e-5)
+    assert placed[2]["start"] - placed[0]["start"] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="do not fit"):  # a row longer than its call cannot be placed
+        rb.absolute_rows([dict(rows[0], end=0.5)], calls[:1], {"worker:0": "a0"})
+
+
 def test_a_real_ray_engine_sync_is_fully_attributed(ray_local):
     import casync
     from casync.bench.measure import sync_span
