@@ -8,7 +8,7 @@ body.  Put together, each actor's lane from the first op of a sync to its last (
 into disjoint pieces:
 
 inside a Ray task of the actor
-    ``op_cpu``       the ops' own CPU time (thread CPU of encode/decode/merge/send/recv);
+    ``op_cpu``       the ops' own CPU time (thread CPU of encode/decode/merge/send; a recv only hands over);
     ``op_wait``      op wall time beyond that CPU: the op's thread waited for a core;
     ``deserialize``  resolving the call's arguments: object-store fetch of the payloads + unpickling;
     ``store``        storing the call's returns: serializing payloads and copying them into the object store;
@@ -24,8 +24,9 @@ between two Ray tasks of the actor (the actor idle), by what the next task was w
     ``tail``         after the actor's last task of the sync, until the last op of any actor.
 
 Per actor the categories sum to the span exactly (:func:`actor_breakdown`); the report averages them over
-actors, so the averages sum to the span too.  Where no task events match (another runtime), task and gap
-time fall into ``task_loop`` and ``wait_inputs`` so the sum still holds.
+actors, so the averages sum to the span too.  The timeline is placed on Ray's clock by the actors' ``load``
+calls (:func:`absolute_rows`); an op row outside every call's body (a missing task event) counts as idle,
+and :func:`sync_breakdown` reports how many rows matched.
 
 Ray's task events are read through ``ray._private.state`` (the only way without the dashboard running);
 :func:`ray_tasks` is the one place that touches it.
@@ -36,8 +37,9 @@ import bisect
 import os
 import statistics
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 #: category -> what it means (report order)
 CATEGORIES: dict[str, str] = {
@@ -71,7 +73,7 @@ class RayTask:
     deserialize: tuple[float, float] | None = None
     execute: tuple[float, float] | None = None
     store: tuple[float, float] | None = None
-    deps: list["RayTask"] = field(default_factory=list, repr=False)  # tasks whose results it consumes
+    deps: list[RayTask] = field(default_factory=list, repr=False)  # tasks whose results it consumes
 
     @property
     def inputs_ready(self) -> float | None:
@@ -213,7 +215,7 @@ def actor_breakdown(rows: Sequence[dict], calls: Sequence[RayTask], span: tuple[
             if e <= s:
                 continue
             wall = e - s
-            cpu = min(wall, (r.get("cpu") or 0.0) * wall / max(r["end"] - r["start"], 1e-12)) if r["op"] != "recv" else 0.0
+            cpu = min(wall, (r.get("cpu") or 0.0) * wall / max(r["end"] - r["start"], 1e-12))
             out["op_cpu"] += cpu
             out["op_wait"] += wall - cpu
             ops_wall += wall
@@ -298,7 +300,7 @@ def machine_busy_s() -> float:
             fields = [int(x) for x in f.readline().split()[1:]]
     except OSError:
         return 0.0
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
@@ -367,11 +369,11 @@ class CpuSampler:
             self.samples.append((time.time(), cpu_sample(self.groups, self._last)))
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "CpuSampler":
+    def __enter__(self) -> CpuSampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
 

@@ -49,14 +49,15 @@ try:  # an installed casync or one on PYTHONPATH wins
 except ImportError:  # a checkout without `pip install -e .` (Ray hands this sys.path to its workers)
     sys.path.insert(0, str(ROOT.parent))
 
-import ray_breakdown as rb  # noqa: E402
-from casync.bench.baselines import BASELINES, run_baselines  # noqa: E402
-from casync.bench.measure import GradientStore, sync_span  # noqa: E402
-from casync.bench.predict import make_plan, predict  # noqa: E402
-from casync.bench.runner import machine_info  # noqa: E402
-from casync.bench.setup import local_setup  # noqa: E402
-from casync.bench.workload import exact_mean, model_numel  # noqa: E402
-from casync.table import markdown_table  # noqa: E402
+import ray_breakdown as rb
+
+from casync.bench.baselines import BASELINES, run_baselines
+from casync.bench.measure import GradientStore, sync_span
+from casync.bench.predict import make_plan, predict
+from casync.bench.runner import machine_info
+from casync.bench.setup import local_setup
+from casync.bench.workload import exact_mean, model_numel
+from casync.table import markdown_table
 
 CONFIGS = ("ring/none", "ring/onebit", "ps-twoway/randomk:ratio=0.01")
 GLOO = ("gloo-bucket", "gloo-tensor")
@@ -82,7 +83,8 @@ def engine_options(transport: str | None) -> dict[str, Any]:
 
 # -- RayEngine ---------------------------------------------------------------------------------------------
 
-def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int, options: dict[str, Any]) -> dict[str, Any]:
+def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
+                   options: dict[str, Any]) -> dict[str, Any]:
     """``1 + iters`` syncs of ``plan`` on a fresh RayEngine; per timed sync: span, wall, CPU, breakdown."""
     import ray
 
@@ -126,7 +128,8 @@ def summarize(run: dict[str, Any]) -> None:
     syncs = run["syncs"]
     median = sorted(range(len(syncs)), key=lambda i: syncs[i]["span_s"])[len(syncs) // 2]
     run.update(spans_s=[s["span_s"] for s in syncs], walls_s=[s["wall_s"] for s in syncs],
-               span_s=statistics.median(s["span_s"] for s in syncs), wall_s=statistics.median(s["wall_s"] for s in syncs),
+               span_s=statistics.median(s["span_s"] for s in syncs),
+               wall_s=statistics.median(s["wall_s"] for s in syncs),
                ray_calls=syncs[median]["breakdown"]["calls"], median_index=median,
                cpu={k: statistics.fmean(s["cpu"][k] for s in syncs) for k in syncs[0]["cpu"]})  # 10 ms ticks: a mean
 
@@ -155,108 +158,119 @@ def ray_cpu(c: dict[str, float]) -> float:
     return c["actors"] - c["ops"] + c["driver"] + c["raylet"] + c["gcs_server"] + c["other Ray"]
 
 
-def worst_match(run: dict[str, Any]) -> str:
-    """``matched/ops`` of the sync with the fewest op rows matched to a Ray call (unmatched ones count as idle)."""
-    b = min((s["breakdown"] for s in run["syncs"]), key=lambda b: b["matched"] / b["ops"])
-    return f"{b['matched']}/{b['ops']}"
+def median_sync(run: dict[str, Any]) -> dict[str, Any]:
+    """The sync with the median span: its breakdown adds up to the median span."""
+    return run["syncs"][run["median_index"]]
 
 
 def ms(x: float | None) -> Any:
     return "" if x is None else round(x * 1e3, 1)
 
 
-def render(result: dict[str, Any]) -> str:
-    m, runs, gloo, rounds = result["machine"], result["runs"], result["gloo"], result["rounds"]
+def per_call_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """Per Ray call and per sync (the median sync), and the simulator's per-actor figures next to the measured."""
+    sync = median_sync(run)
+    b, mean = sync["breakdown"], sync["breakdown"]["mean"]
+    calls = b["calls"] / run["actors"]  # per actor
+    worst = min((s["breakdown"] for s in run["syncs"]), key=lambda x: x["matched"] / x["ops"])
+    in_call = sum(mean[k] for k in ("deserialize", "store", "task_loop", "between_ops"))
+    return {
+        "Ray calls per actor per sync": round(calls, 1),
+        "op rows matched to a Ray call (worst sync)": f"{worst['matched']}/{worst['ops']}",
+        "payload MB each actor stores per sync": round(run["send_bytes"] / 1e6, 1),
+        "store: MB/s into the object store": round(run["send_bytes"] / 1e6 / max(mean["store"], 1e-9)),
+        "actors' minor page faults per MB stored": round(run["cpu"]["actors faults"]
+                                                         / max(run["send_bytes"] * run["actors"] / 1e6, 1e-9)),
+        "ms per call: deserialize + store + task loop + between ops": round(1e3 * in_call / calls, 2),
+        "ms per call: idle owner + delivery": round(1e3 * (mean["owner"] + mean["delivery"]) / calls, 2),
+        "Ray's CPU per Ray call, ms (actors outside ops, driver, raylet, GCS)": round(
+            1e3 * ray_cpu(run["cpu"]) / b["calls"], 2),
+        "driver: ms in submit_task per sync": ms(sync["submit_s"]),
+        "driver: last submit_task ended, ms before the first op (< 0: after)": ms(sync["submitted_before_first_op_s"]),
+        "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"]),
+        "ops' compute per actor, ms (simulator)": ms(run["sim"]["compute_s"]),
+        "store per actor, ms (measured)": ms(mean["store"]),
+        "transfers per actor, ms (simulator's egress lane)": ms(run["sim"]["transfer_s"]),
+    }
 
-    def med(r: dict[str, Any]) -> dict[str, Any]:
-        return r["syncs"][r["median_index"]]  # the median sync: its breakdown adds up to the median span
+
+def cpu_rows(run: dict[str, Any]) -> dict[str, float]:
+    """CPU seconds in the span (mean over syncs) by who used them; they add up to cores x span."""
+    c = run["cpu"]
+    main = c["actor thread on CPU"]
+    return {"actors: ops": c["ops"], "actors: main thread outside ops (Ray's task path)": main - c["ops"],
+            "actors: other threads (Ray's RPC/IO)": max(0.0, c["actors"] - main), "driver": c["driver"],
+            "raylet (plasma store, scheduling)": c["raylet"],
+            "gcs_server + other Ray": c["gcs_server"] + c["other Ray"],
+            "outside (other processes, interrupts)": c["outside"], "idle": c["idle"]}
+
+
+def render(result: dict[str, Any]) -> str:
+    """The Markdown report of one run (also re-renderable from its JSON)."""
+    m, runs, gloo, rounds = result["machine"], result["runs"], result["gloo"], result["rounds"]
     ref = {name: statistics.median(t for g in gloo for t in g[name]["sync_s"]) for name in GLOO}
     L = ["# Where RayEngine's time goes: RayEngine vs gloo all_reduce vs the simulator", "",
          f"Generated {result['date']} in {result['seconds']:.0f} s by", "", f"```\n{result['command']}\n```", "",
          f"Machine: {m['cores']} cores ({m['cpu']}), load average at start {m.get('loadavg_at_start')}; Python "
-         f"{m['python']}, NumPy {m['numpy']}, torch {m['torch']}, Ray {m['ray']}; {m['platform']}. Shared and noisy: "
-         "absolute times move by tens of percent between runs; the ratios below come from this one run.", "",
-         f"Workload: `{result['model']}`, {result['numel'] / 1e6:.1f}M floats ({result['numel'] * 4 / 1e6:.0f} MB) per "
-         f"worker, {result['workers']} workers, mean. Sync span = the engine's timeline from the first op of any "
+         f"{m['python']}, NumPy {m['numpy']}, torch {m['torch']}, Ray {m['ray']}; {m['platform']}. Shared and "
+         "noisy: absolute times move by tens of percent between runs; the ratios below come from this one run.", "",
+         f"Workload: `{result['model']}`, {result['numel'] / 1e6:.1f}M floats ({result['numel'] * 4 / 1e6:.0f} MB) "
+         f"per worker, {result['workers']} workers, mean. Sync span = the engine's timeline from the first op of any "
          f"worker to the last op of any worker (gradients already in the actors); {rounds} round(s), each: every "
          f"configuration on a fresh RayEngine, {result['iters']} syncs after a warm-up, then gloo; medians over all "
          f"{rounds * result['iters']} syncs. gloo: all_reduce + divide, {result['workers']} processes on loopback, "
          f"barrier to barrier, {result['iters']} iterations, run before the first round and after every round "
-         "(ratios against the median of all). Simulator: "
-         f"`{result['cluster']}`, packaged profile.", ""]
+         f"(ratios against the median of all). Simulator: `{result['cluster']}`, packaged profile.", ""]
+
     head = ["configuration", "transport", "sync span ms (min–max)", "run_flat wall ms", "Ray calls",
             "× gloo 25 MiB buckets", "× gloo per tensor", "simulator ms", "× simulator", "rel err"]
-    body = []
-    for r in runs:
-        body.append([r["config"], r["transport"] or "default", f"{ms(r['span_s'])} ({ms(min(r['spans_s']))}–"
-                     f"{ms(max(r['spans_s']))})", ms(r["wall_s"]), r["ray_calls"] or "",
-                     round(r["span_s"] / ref["gloo-bucket"], 2), round(r["span_s"] / ref["gloo-tensor"], 2),
-                     ms(r["sim"]["span_s"]), round(r["span_s"] / r["sim"]["span_s"], 2),
-                     f"{r['rel_error']:.1e}" + ("" if r["consistent"] else " INCONSISTENT")])
+    body = [[r["config"], r["transport"] or "default",
+             f"{ms(r['span_s'])} ({ms(min(r['spans_s']))}–{ms(max(r['spans_s']))})", ms(r["wall_s"]), r["ray_calls"],
+             round(r["span_s"] / ref["gloo-bucket"], 2), round(r["span_s"] / ref["gloo-tensor"], 2),
+             ms(r["sim"]["span_s"]), round(r["span_s"] / r["sim"]["span_s"], 2),
+             f"{r['rel_error']:.1e}" + ("" if r["consistent"] else " INCONSISTENT")] for r in runs]
     for name in GLOO:
-        runs_ms = " / ".join(str(ms(g[name]["sync_median_s"])) for g in gloo)
-        body.append([BASELINES[name], "", f"{ms(ref[name])} (each gloo run: {runs_ms})", "", "", "", "", "", "", ""])
+        each = " / ".join(str(ms(g[name]["sync_median_s"])) for g in gloo)
+        body.append([BASELINES[name], "", f"{ms(ref[name])} (each gloo run: {each})"] + [""] * 7)
     L += ["## Sync span", "", markdown_table(head, body), ""]
+
     L += ["## Where the span goes", "",
           "Each actor's time in the span cut into categories that add up to the span, averaged over actors: in ms "
           "for the median sync (the column sums to the median span), and in % of the span over all timed syncs "
-          "(category totals over span totals: the column sums to 100). How each is attributed: `benchmarks/"
-          "ray_breakdown.py` and `docs/performance.md`. Wall time: on this machine the actors wait for a core "
-          "during most of it (see the CPU table below).", ""]
+          "(category totals over span totals: the column sums to 100). How each is attributed: "
+          "`benchmarks/ray_breakdown.py` and `docs/performance.md`. Wall time: on this machine the actors wait for "
+          "a core during most of it (see the CPU table below).", ""]
 
     def share(r: dict[str, Any], key: str) -> float:
         return 100 * sum(s["breakdown"]["mean"][key] for s in r["syncs"]) / sum(s["span_s"] for s in r["syncs"])
 
     head = ["category"] + [f"{r['config']} ms" for r in runs] + [f"{r['config']} % (all syncs)" for r in runs]
-    body = [[f"{label} (`{key}`)"] + [ms(med(r)["breakdown"]["mean"][key]) for r in runs]
+    body = [[f"{label} (`{key}`)"] + [ms(median_sync(r)["breakdown"]["mean"][key]) for r in runs]
             + [round(share(r, key), 1) for r in runs] for key, label in rb.CATEGORIES.items()]
-    body.append(["**sum = sync span**"] + [ms(sum(med(r)["breakdown"]["mean"].values())) for r in runs]
+    body.append(["**sum = sync span**"] + [ms(sum(median_sync(r)["breakdown"]["mean"].values())) for r in runs]
                 + [round(sum(share(r, k) for k in rb.CATEGORIES), 1) for r in runs])
     L += [markdown_table(head, body), ""]
-    L += ["## Per Ray call, per sync and against the simulator", ""]
-    head = ["figure"] + [r["config"] for r in runs]
-    rows = [("Ray calls per actor per sync", lambda r, b: round(b["calls"] / r["actors"], 1)),
-            ("op rows matched to a Ray call (worst sync)", lambda r, b: worst_match(r)),
-            ("payload MB each actor stores per sync", lambda r, b: round(r["send_bytes"] / 1e6, 1)),
-            ("store: MB/s into the object store", lambda r, b: round(r["send_bytes"] / 1e6 / max(b["mean"]["store"], 1e-9))),
-            ("actors' minor page faults per MB stored", lambda r, b: round(r["cpu"]["actors faults"]
-                                                                           / max(r["send_bytes"] * r["actors"] / 1e6, 1e-9))),
-            ("ms per call: deserialize + store + task loop + between ops", lambda r, b: round(
-                1e3 * sum(b["mean"][k] for k in ("deserialize", "store", "task_loop", "between_ops")) / (b["calls"] / r["actors"]), 2)),
-            ("ms per call: idle owner + delivery", lambda r, b: round(
-                1e3 * (b["mean"]["owner"] + b["mean"]["delivery"]) / (b["calls"] / r["actors"]), 2)),
-            ("Ray's CPU per Ray call, ms (actors outside ops, driver, raylet, GCS; in the span)", lambda r, b: round(
-                1e3 * ray_cpu(r["cpu"]) / b["calls"], 2)),
-            ("driver: ms in submit_task per sync", lambda r, b: ms(med(r)["submit_s"])),
-            ("driver: last submit_task ended, ms before the first op (< 0: after)", lambda r, b: ms(med(r)["submitted_before_first_op_s"])),
-            ("ops' wall per actor, ms (measured)", lambda r, b: ms(b["mean"]["op_cpu"] + b["mean"]["op_wait"])),
-            ("ops' compute per actor, ms (simulator)", lambda r, b: ms(r["sim"]["compute_s"])),
-            ("store per actor, ms (measured)", lambda r, b: ms(b["mean"]["store"])),
-            ("transfers per actor, ms (simulator's egress lane)", lambda r, b: ms(r["sim"]["transfer_s"]))]
-    L += [markdown_table(head, [[label] + [f(r, med(r)["breakdown"]) for r in runs] for label, f in rows]), ""]
+
+    figures = [per_call_figures(r) for r in runs]
+    L += ["## Per Ray call, per sync and against the simulator", "",
+          markdown_table(["figure"] + [r["config"] for r in runs],
+                         [[k] + [f[k] for f in figures] for k in (figures[0] if figures else {})]), ""]
+
     L += ["## CPU in the sync span", "",
           "CPU seconds used between the first and the last op, mean over the timed syncs, against the capacity of "
           f"{m['cores']} cores × span: /proc counters sampled every 10 ms (`ray_breakdown.CpuSampler`). The actors' "
           "main threads are where Ray runs their calls (their CPU from schedstat, the ops' own from the timeline); "
           "*outside* is busy time of the machine that none of these processes account for (other users of this "
           "shared machine).", ""]
-    head = ["CPU ms in the span"] + [r["config"] for r in runs]
-
-    def parts(c: dict[str, float]) -> list[tuple[str, float]]:
-        main = c["actor thread on CPU"]
-        return [("actors: ops", c["ops"]), ("actors: main thread outside ops (Ray's task path)", main - c["ops"]),
-                ("actors: other threads (Ray's RPC/IO)", max(0.0, c["actors"] - main)), ("driver", c["driver"]),
-                ("raylet (plasma store, scheduling)", c["raylet"]), ("gcs_server + other Ray", c["gcs_server"] + c["other Ray"]),
-                ("outside (other processes, interrupts)", c["outside"]), ("idle", c["idle"])]
-
-    labels = [label for label, _ in parts(runs[0]["cpu"])] if runs else []
-    body = [[label] + [ms(dict(parts(r["cpu"]))[label]) for r in runs] for label in labels]
+    cpu = [cpu_rows(r) for r in runs]
+    body = [[k] + [ms(c[k]) for c in cpu] for k in (cpu[0] if cpu else {})]
     body.append(["**cores × span**"] + [ms(m["cores"] * statistics.fmean(r["spans_s"])) for r in runs])
-    body.append(["Ray's machinery (rows 2–6) / the ops' own CPU"] + [round(ray_cpu(r["cpu"]) / r["cpu"]["ops"], 1)
-                                                                   for r in runs])
-    body.append(["actor main thread waiting for a CPU, % of span"] + [
-        round(100 * r["cpu"]["actor thread waiting for CPU"] / r["actors"] / statistics.fmean(r["spans_s"])) for r in runs])
-    L += [markdown_table(head, body), ""]
+    body.append(["Ray's machinery (rows 2–6) / the ops' own CPU"]
+                + [round(ray_cpu(r["cpu"]) / r["cpu"]["ops"], 1) for r in runs])
+    body.append(["actor main thread waiting for a CPU, % of span"]
+                + [round(100 * r["cpu"]["actor thread waiting for CPU"] / r["actors"] / statistics.fmean(r["spans_s"]))
+                   for r in runs])
+    L += [markdown_table(["CPU ms in the span"] + [r["config"] for r in runs], body), ""]
     return "\n".join(L) + "\n"
 
 
@@ -276,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--iters and --rounds must be >= 1, --workers >= 2")
     transports = [t.strip() for t in args.transport.split(",")] if args.transport else [None]
     options = {t: engine_options(t) for t in transports}
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:]))
+    words = [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])
+    command = "python " + " ".join(shlex.quote(a) for a in words)
     started = time.time()
     setup = local_setup()
     cluster = setup.cluster_model(args.workers)
@@ -328,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ray_vs_gloo.md").write_text(text)
-    (out / "ray_vs_gloo.json").write_text(json.dumps(result, indent=1, default=lambda o: getattr(o, "__dict__", str(o))))
+    (out / "ray_vs_gloo.json").write_text(json.dumps(result, indent=1, default=str))
     print(text)
     log(f"wrote {out / 'ray_vs_gloo.md'} and ray_vs_gloo.json")
     return 0
