@@ -1,552 +1,351 @@
 #!/usr/bin/env python
-"""casync ``RayEngine`` vs ``torch.distributed`` gloo ``all_reduce`` on ResNet-50's gradients, side by side.
+"""Where RayEngine's sync span goes, against gloo all_reduce and the simulator, on one machine.
 
     python benchmarks/ray_vs_gloo.py [--iters 5] [--workers 4] [--out benchmarks/results]
+                                     [--configs ring/none,ring/onebit,ps-twoway/randomk:ratio=0.01]
+                                     [--transport NAME[,NAME...]] [--rounds 1] [--model resnet50]
 
-What is measured (median over ``--iters`` iterations after one warm-up, same process, same machine state):
+Measured side by side in one run, on the same gradients (``casync.bench.workload``: worker w's gradient is
+seeded by (seed, w)), mean over workers:
 
-* **casync RayEngine**, plan ``build_plan("resnet50", workers=W, strategy="ring", codec=None)``, op="mean",
-  on an embedded local Ray started here (127.0.0.1, no dashboard):
-  (a) *sync span*: from the timeline of the step, first non-``load`` op start to last op end — the sync
-  itself, without shipping gradients into the actors;
-  (b) ``engine.sync(grads)`` wall time: dict->flat conversion, shipping gradients in, the sync, results out
-  and back to per-tensor arrays;
-  plus ``engine.run_flat(flats)`` wall time (the same without the dict<->flat conversion).
-* **gloo**: W processes (``torch.multiprocessing.spawn``, ``tcp://127.0.0.1:<free port>``), the same 161
-  tensors; per iteration: barrier, then ``all_reduce`` + divide by W (a mean, like casync's op="mean").
-  Variants: one all_reduce per tensor; tensors pre-flattened into ~25 MB buckets (DDP's default bucket
-  size, as with ``gradient_as_bucket_view=True``); the same buckets including copying the gradients in
-  and the results out (DDP's default); bucketed with ``async_op=True`` for all buckets then wait (how DDP
-  issues them).  An iteration's time is the max over ranks.
-* **engine overhead** (``--overhead``, on by default): 161 tiny tensors (10 floats each), bucket_bytes=0
-  (one bucket each) and the default bucketing; RayEngine and LocalEngine; tasks, ops, actor calls and
-  how the time splits between ops and gaps.
+* **RayEngine**, one fresh engine per configuration (``strategy/codec``, strategy labels as in
+  ``casync bench``) on an embedded local Ray; gradients made on the actors' node by
+  ``casync.bench.measure.GradientStore``.  The *sync span* is the engine's timeline from the first op of
+  any worker to the last op of any worker (``casync.bench.measure.sync_span``); median over ``--iters``
+  syncs after one warm-up (``--rounds R``: all configurations R times, syncs pooled).  Each span is cut
+  into categories that add up (``benchmarks/ray_breakdown.py``: RayEngine's per-op rows with their CPU
+  time, and Ray's task events), and the CPU seconds of the driver, the actors, Ray's processes and the
+  rest of the machine in the span are read from /proc, sampled every 10 ms.
+* **gloo**: ``casync.bench.baselines.run_baselines`` with ``gloo-bucket`` (all_reduce of 25 MiB buckets,
+  what DDP does) and ``gloo-tensor`` (one all_reduce per tensor), 4 processes on loopback, barrier to
+  barrier; run before the first round and after every round (without Ray up), ratios against the median
+  of all.
+* **simulator**: ``casync.simulate(plan, ClusterModel(nodes=1, workers_per_node=W, cores_per_node=<cores>))``
+  with the packaged profile, the same plans.
 
-Results go to stdout and ``<out>/ray_vs_gloo.md``.  Ray and every spawned process are shut down at the
-end, on error too.
+``--transport``: passed to ``RayEngine(transport=...)`` when RayEngine has that parameter (one engine per
+transport and configuration); without it, the engine's default.  Writes ``<out>/ray_vs_gloo.md`` and
+``<out>/ray_vs_gloo.json``.  Ray and the gloo processes are stopped at the end, on error too.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
-import platform
 import shlex
-import socket
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # ray_breakdown, next to this script
 try:  # an installed casync or one on PYTHONPATH wins
-    import casync
-except ImportError:  # a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))  # (Ray hands the driver's sys.path to its workers: the actors import the same)
-    import casync
-from casync.plan.models import model_tensors  # noqa: E402
+    import casync  # noqa: F401
+except ImportError:  # a checkout without `pip install -e .` (Ray hands this sys.path to its workers)
+    sys.path.insert(0, str(ROOT.parent))
 
-GOAL_RATIO, STRETCH_RATIO = 1.5, 1.0
-DDP_BUCKET_BYTES = 25 * 1024 * 1024
-COMPUTE_OPS = ("encode", "decode", "merge")
+import ray_breakdown as rb
+
+from casync.bench.baselines import BASELINES, run_baselines
+from casync.bench.measure import GradientStore, sync_span
+from casync.bench.predict import make_plan, predict
+from casync.bench.runner import machine_info
+from casync.bench.setup import local_setup
+from casync.bench.workload import exact_mean, model_numel
+from casync.table import markdown_table
+
+CONFIGS = ("ring/none", "ring/onebit", "ps-twoway/randomk:ratio=0.01")
+GLOO = ("gloo-bucket", "gloo-tensor")
+#: Ray's workers report task events to the GCS about once a second
+TASK_EVENTS_DELAY_S = 2.5
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-# -- machine ------------------------------------------------------------------------------------------
-def machine_info() -> dict[str, Any]:
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count()
-    import ray
-    import torch
+def engine_options(transport: str | None) -> dict[str, Any]:
+    """RayEngine keyword arguments for ``transport`` (None: the engine's default)."""
+    from casync.runtime.ray_engine import RayEngine
 
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (float("nan"),) * 3
-    return {"nproc": affinity, "cpu_count": os.cpu_count(), "cpu_model": model, "python": platform.python_version(),
-            "numpy": np.__version__, "torch": torch.__version__, "ray": ray.__version__,
-            "platform": platform.platform(), "loadavg_at_start": tuple(round(x, 2) for x in load)}
-
-
-def summarize(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
-
-
-def make_grads(shapes: list[tuple[str, tuple[int, ...]]], workers: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    return [{name: rng.standard_normal(shape, dtype=np.float32) for name, shape in shapes} for _ in range(workers)]
-
-
-# -- timeline analysis ----------------------------------------------------------------------------------
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
-
-
-def timeline_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sync span (first non-load op start -> last op end), load span, and per actor: time inside ops vs gaps.
-
-    ``recv`` rows span from the matching send to the moment the receiving task used the payload (waiting
-    included), so "busy" counts the ops an actor executes itself: encode/decode/merge/send/recv-as-executed
-    are all recorded by the actor, but a recv's start is moved back to its send: we use compute ops + send.
-    """
-    loads = [r for r in rows if r["op"] == "load"]
-    ops = [r for r in rows if r["op"] != "load"]
-    if not ops:
+    if transport is None:
         return {}
-    s0, s1 = min(r["start"] for r in ops), max(r["end"] for r in ops)
-    actors = sorted({r["actor"] for r in ops})
-    per_actor = {}
-    for a in actors:
-        mine = [r for r in ops if r["actor"] == a and r["op"] != "recv"]
-        busy = _union_length([(r["start"], r["end"]) for r in mine])
-        compute = sum(r["end"] - r["start"] for r in mine if r["op"] in COMPUTE_OPS)
-        first, last = min(r["start"] for r in mine), max(r["end"] for r in mine)
-        per_actor[a] = {"ops": len(mine), "busy": busy, "compute": compute, "first": first - s0, "last": last - s0}
-    by_op: dict[str, float] = {}
-    for r in ops:
-        if r["op"] != "recv":
-            by_op[r["op"]] = by_op.get(r["op"], 0.0) + r["end"] - r["start"]
-    recv_wait = [r["end"] - r["start"] for r in ops if r["op"] == "recv"]
+    if "transport" not in inspect.signature(RayEngine).parameters:
+        raise SystemExit(f"--transport {transport}: this RayEngine has no transport parameter (payloads go through "
+                         "Ray's object store only); run without --transport")
+    return {"transport": transport}
+
+
+# -- RayEngine ---------------------------------------------------------------------------------------------
+
+def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    """``1 + iters`` syncs of ``plan`` on a fresh RayEngine; per timed sync: span, wall, CPU, breakdown."""
+    import ray
+
+    from casync.runtime.ray_engine import RayEngine
+
+    with RayEngine(plan, timeout_s=600.0, **options) as engine:
+        ids = {name: handle._actor_id.hex() for name, handle in engine.actors.items()}
+        nodes = engine.actor_nodes()
+        flats = store.refs(plan, [nodes[f"worker:{w}"] for w in range(plan.workers)])
+        groups = rb.process_groups(ray.get([h.pid.remote() for h in engine.actors.values()]))
+        syncs, consistent, rel_error = [], True, float("nan")
+        with rb.CpuSampler(groups) as sampler:
+            for i in range(1 + iters):
+                t0 = time.time()
+                results = engine.run_flat(flats)
+                t1 = time.time()
+                consistent &= all(np.array_equal(results[0][b], r[b]) for r in results[1:] for b in results[0])
+                if i == 0:
+                    got = np.concatenate([results[0][b.name] for b in plan.buckets])
+                    rel_error = float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
+                del results
+                if i:
+                    rows = engine.timeline(engine.step - 1)
+                    syncs.append({"window": (t0, t1), "wall_s": t1 - t0, "span_s": sync_span(rows), "rows": rows})
+        time.sleep(TASK_EVENTS_DELAY_S)
+        tasks, submits = rb.ray_tasks(ids.values(), syncs[0]["window"][0], syncs[-1]["window"][1])
+        for s in syncs:
+            lo, hi = s["window"]
+            mine = [t for t in tasks if lo <= t.created <= hi]
+            s["breakdown"] = rb.sync_breakdown(s.pop("rows"), mine, ids, getattr(engine, "program", None))
+            s["cpu"] = sampler.between(*s["breakdown"]["span"])
+            s["cpu"]["ops"] = sum(a["op_cpu"] for a in s["breakdown"]["per_actor"].values())
+            subs = [(a, b) for a, b in submits if lo <= a <= hi]
+            s["submit_s"] = sum(b - a for a, b in subs)
+            s["submitted_before_first_op_s"] = s["breakdown"]["span"][0] - max((b for _, b in subs), default=lo)
+        return {"syncs": syncs, "consistent": consistent, "rel_error": rel_error}
+
+
+def summarize(run: dict[str, Any]) -> None:
+    """Add the medians over a configuration's timed syncs (all rounds) and the index of the median sync."""
+    syncs = run["syncs"]
+    median = sorted(range(len(syncs)), key=lambda i: syncs[i]["span_s"])[len(syncs) // 2]
+    run.update(spans_s=[s["span_s"] for s in syncs], walls_s=[s["wall_s"] for s in syncs],
+               span_s=statistics.median(s["span_s"] for s in syncs),
+               wall_s=statistics.median(s["wall_s"] for s in syncs),
+               ray_calls=syncs[median]["breakdown"]["calls"], median_index=median,
+               cpu={k: statistics.fmean(s["cpu"][k] for s in syncs) for k in syncs[0]["cpu"]})  # 10 ms ticks: a mean
+
+
+def send_bytes(plan) -> float:
+    """Payload bytes each actor sends per sync, mean over actors (what its calls store for others)."""
+    sends = [a["nbytes"] for _, a in plan.graph.nodes(data=True) if a["op"] == "send"]
+    return sum(sends) / len(plan.actors)
+
+
+def predicted(plan, cluster) -> dict[str, float]:
+    """The simulator's span and, per actor on average, its compute-lane and egress-lane (transfer) seconds."""
+    timeline = predict(plan, cluster)
+    per_kind: dict[str, float] = {}
+    for r in timeline.records:
+        kind = r["lane"].split("/")[-1].rstrip("0123456789")
+        per_kind[kind] = per_kind.get(kind, 0.0) + (r["end"] - r["start"]) / len(plan.actors)
+    return {"span_s": timeline.sync_time(), "compute_s": per_kind.get("compute", 0.0),
+            "transfer_s": per_kind.get("egress", 0.0)}
+
+
+# -- the report ----------------------------------------------------------------------------------------------
+
+def ray_cpu(c: dict[str, float]) -> float:
+    """CPU seconds of Ray's own machinery in a span: the actors outside their ops, the driver, raylet, GCS."""
+    return c["actors"] - c["ops"] + c["driver"] + c["raylet"] + c["gcs_server"] + c["other Ray"]
+
+
+def median_sync(run: dict[str, Any]) -> dict[str, Any]:
+    """The sync with the median span: its breakdown adds up to the median span."""
+    return run["syncs"][run["median_index"]]
+
+
+def ms(x: float | None) -> Any:
+    return "" if x is None else round(x * 1e3, 1)
+
+
+def per_call_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """Per Ray call and per sync (the median sync), and the simulator's per-actor figures next to the measured."""
+    sync = median_sync(run)
+    b, mean = sync["breakdown"], sync["breakdown"]["mean"]
+    calls = b["calls"] / run["actors"]  # per actor
+    worst = min((s["breakdown"] for s in run["syncs"]), key=lambda x: x["matched"] / x["ops"])
+    in_call = sum(mean[k] for k in ("deserialize", "store", "task_loop", "between_ops"))
     return {
-        "sync_span": s1 - s0,
-        "load_span": (max(r["end"] for r in loads) - min(r["start"] for r in loads)) if loads else 0.0,
-        "first_load_to_last_op": s1 - (min(r["start"] for r in loads) if loads else s0),
-        "load_end_to_first_op": s0 - (max(r["end"] for r in loads) if loads else s0),
-        "n_ops": len(ops),
-        "per_actor": per_actor,
-        "op_seconds": by_op,
-        "recv_latency_median": statistics.median(recv_wait) if recv_wait else 0.0,
-        "recv_latency_max": max(recv_wait) if recv_wait else 0.0,
+        "Ray calls per actor per sync": round(calls, 1),
+        "op rows matched to a Ray call (worst sync)": f"{worst['matched']}/{worst['ops']}",
+        "payload MB each actor stores per sync": round(run["send_bytes"] / 1e6, 1),
+        "store: MB/s into the object store": round(run["send_bytes"] / 1e6 / max(mean["store"], 1e-9)),
+        "actors' minor page faults per MB stored": round(run["cpu"]["actors faults"]
+                                                         / max(run["send_bytes"] * run["actors"] / 1e6, 1e-9)),
+        "ms per call: deserialize + store + task loop + between ops": round(1e3 * in_call / calls, 2),
+        "ms per call: idle owner + delivery": round(1e3 * (mean["owner"] + mean["delivery"]) / calls, 2),
+        "Ray's CPU per Ray call, ms (actors outside ops, driver, raylet, GCS)": round(
+            1e3 * ray_cpu(run["cpu"]) / b["calls"], 2),
+        "driver: ms in submit_task per sync": ms(sync["submit_s"]),
+        "driver: last submit_task ended, ms before the first op (< 0: after)": ms(sync["submitted_before_first_op_s"]),
+        "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"]),
+        "ops' compute per actor, ms (simulator)": ms(run["sim"]["compute_s"]),
+        "store per actor, ms (measured)": ms(mean["store"]),
+        "transfers per actor, ms (simulator's egress lane)": ms(run["sim"]["transfer_s"]),
     }
 
 
-# -- casync ------------------------------------------------------------------------------------------------
-def bench_ray_engine(plan, grads, iters: int, label: str, check: bool = True) -> dict[str, Any]:
-    from casync.engines.inputs import flatten_worker_grads
-    from casync.runtime.ray_engine import RayEngine
-
-    log(f"{label}: starting RayEngine ({len(plan.actors)} actors)")
-    engine = RayEngine(plan, address=None, timeout_s=600.0)
-    try:
-        n_tasks = len(engine.program.tasks)
-        flats, _ = flatten_worker_grads(plan, grads)
-        sync_wall, flat_wall, spans, stats, flatten = [], [], [], [], []
-        for i in range(iters + 1):  # each iteration: one sync(grads), then one run_flat(flats), same machine state
-            t0 = time.perf_counter()
-            out = engine.sync(grads)
-            dt = time.perf_counter() - t0
-            st = timeline_stats(engine.timeline(engine.step - 1))
-            if i == 0 and check:
-                _check_mean(grads, out, label)
-            del out
-            t0 = time.perf_counter()
-            res = engine.run_flat(flats)
-            dt_flat = time.perf_counter() - t0
-            del res
-            st_flat = timeline_stats(engine.timeline(engine.step - 1))
-            t0 = time.perf_counter()
-            flatten_worker_grads(plan, grads)  # the dict->flat conversion sync() adds, on its own
-            flatten.append(time.perf_counter() - t0)
-            if i == 0:
-                log(f"{label}: warm-up sync() {dt * 1e3:.0f} ms, run_flat() {dt_flat * 1e3:.0f} ms")
-                continue
-            sync_wall.append(dt)
-            flat_wall.append(dt_flat)
-            spans += [st["sync_span"], st_flat["sync_span"]]
-            stats += [st, st_flat]
-            log(f"{label}: iter {i}/{iters} sync() {dt * 1e3:.0f} ms (span {st['sync_span'] * 1e3:.0f}), "
-                f"run_flat() {dt_flat * 1e3:.0f} ms (span {st_flat['sync_span'] * 1e3:.0f})")
-        return {"label": label, "tasks": n_tasks, "ops": stats[0]["n_ops"], "buckets": len(plan.buckets),
-                "actor_calls": n_tasks + 2 * len(plan.actors),
-                "sync_span": summarize(spans), "sync_wall": summarize(sync_wall), "run_flat_wall": summarize(flat_wall),
-                "flatten_s": statistics.median(flatten[1:]), "timeline": _median_stats(stats)}
-    finally:
-        engine.close()
+def cpu_rows(run: dict[str, Any]) -> dict[str, float]:
+    """CPU seconds in the span (mean over syncs) by who used them; they add up to cores x span."""
+    c = run["cpu"]
+    main = c["actor thread on CPU"]
+    return {"actors: ops": c["ops"], "actors: main thread outside ops (Ray's task path)": main - c["ops"],
+            "actors: other threads (Ray's RPC/IO)": max(0.0, c["actors"] - main), "driver": c["driver"],
+            "raylet (plasma store, scheduling)": c["raylet"],
+            "gcs_server + other Ray": c["gcs_server"] + c["other Ray"],
+            "outside (other processes, interrupts)": c["outside"], "idle": c["idle"]}
 
 
-def _median_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:
-    """The timeline stats of the iteration with the median sync span (a real iteration, not a blend)."""
-    ordered = sorted(stats, key=lambda s: s["sync_span"])
-    return ordered[len(ordered) // 2]
+def render(result: dict[str, Any]) -> str:
+    """The Markdown report of one run (also re-renderable from its JSON)."""
+    m, runs, gloo, rounds = result["machine"], result["runs"], result["gloo"], result["rounds"]
+    ref = {name: statistics.median(t for g in gloo for t in g[name]["sync_s"]) for name in GLOO}
+    L = ["# Where RayEngine's time goes: RayEngine vs gloo all_reduce vs the simulator", "",
+         f"Generated {result['date']} in {result['seconds']:.0f} s by", "", f"```\n{result['command']}\n```", "",
+         f"Machine: {m['cores']} cores ({m['cpu']}), load average at start {m.get('loadavg_at_start')}; Python "
+         f"{m['python']}, NumPy {m['numpy']}, torch {m['torch']}, Ray {m['ray']}; {m['platform']}. Shared and "
+         "noisy: absolute times move by tens of percent between runs; the ratios below come from this one run.", "",
+         f"Workload: `{result['model']}`, {result['numel'] / 1e6:.1f}M floats ({result['numel'] * 4 / 1e6:.0f} MB) "
+         f"per worker, {result['workers']} workers, mean. Sync span = the engine's timeline from the first op of any "
+         f"worker to the last op of any worker (gradients already in the actors); {rounds} round(s), each: every "
+         f"configuration on a fresh RayEngine, {result['iters']} syncs after a warm-up, then gloo; medians over all "
+         f"{rounds * result['iters']} syncs. gloo: all_reduce + divide, {result['workers']} processes on loopback, "
+         f"barrier to barrier, {result['iters']} iterations, run before the first round and after every round "
+         f"(ratios against the median of all). Simulator: `{result['cluster']}`, packaged profile.", ""]
 
+    head = ["configuration", "transport", "sync span ms (min–max)", "run_flat wall ms", "Ray calls",
+            "× gloo 25 MiB buckets", "× gloo per tensor", "simulator ms", "× simulator", "rel err"]
+    body = [[r["config"], r["transport"] or "default",
+             f"{ms(r['span_s'])} ({ms(min(r['spans_s']))}–{ms(max(r['spans_s']))})", ms(r["wall_s"]), r["ray_calls"],
+             round(r["span_s"] / ref["gloo-bucket"], 2), round(r["span_s"] / ref["gloo-tensor"], 2),
+             ms(r["sim"]["span_s"]), round(r["span_s"] / r["sim"]["span_s"], 2),
+             f"{r['rel_error']:.1e}" + ("" if r["consistent"] else " INCONSISTENT")] for r in runs]
+    for name in GLOO:
+        each = " / ".join(str(ms(g[name]["sync_median_s"])) for g in gloo)
+        body.append([BASELINES[name], "", f"{ms(ref[name])} (each gloo run: {each})"] + [""] * 7)
+    L += ["## Sync span", "", markdown_table(head, body), ""]
 
-def _check_mean(grads, out, label: str) -> None:
-    names = list(grads[0])
-    for name in (names[0], names[len(names) // 2], names[-1]):
-        expect = np.mean([g[name] for g in grads], axis=0, dtype=np.float64).astype(np.float32)
-        for w in range(len(out)):
-            got = np.asarray(out[w][name])
-            if not np.allclose(got, expect, rtol=1e-5, atol=1e-6):
-                raise AssertionError(f"{label}: worker {w} tensor {name!r} is not the mean of the inputs")
-            if w and not np.array_equal(got, np.asarray(out[0][name])):
-                raise AssertionError(f"{label}: worker {w} tensor {name!r} differs from worker 0")
+    L += ["## Where the span goes", "",
+          "Each actor's time in the span cut into categories that add up to the span, averaged over actors: in ms "
+          "for the median sync (the column sums to the median span), and in % of the span over all timed syncs "
+          "(category totals over span totals: the column sums to 100). How each is attributed: "
+          "`benchmarks/ray_breakdown.py` and `docs/performance.md`. Wall time: on this machine the actors wait for "
+          "a core during most of it (see the CPU table below).", ""]
 
+    def share(r: dict[str, Any], key: str) -> float:
+        return 100 * sum(s["breakdown"]["mean"][key] for s in r["syncs"]) / sum(s["span_s"] for s in r["syncs"])
 
-def bench_local_engine(plan, grads, iters: int, label: str) -> dict[str, Any]:
-    from casync.engines.inputs import flatten_worker_grads
+    head = ["category"] + [f"{r['config']} ms" for r in runs] + [f"{r['config']} % (all syncs)" for r in runs]
+    body = [[f"{label} (`{key}`)"] + [ms(median_sync(r)["breakdown"]["mean"][key]) for r in runs]
+            + [round(share(r, key), 1) for r in runs] for key, label in rb.CATEGORIES.items()]
+    body.append(["**sum = sync span**"] + [ms(sum(median_sync(r)["breakdown"]["mean"].values())) for r in runs]
+                + [round(sum(share(r, k) for k in rb.CATEGORIES), 1) for r in runs])
+    L += [markdown_table(head, body), ""]
 
-    engine = casync.LocalEngine(plan)
-    flats, _ = flatten_worker_grads(plan, grads)
-    walls, flat_walls = [], []
-    for i in range(iters + 1):
-        t0 = time.perf_counter()
-        engine.sync(grads)
-        dt = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        engine.run_flat(flats)
-        dt_flat = time.perf_counter() - t1
-        if i:
-            walls.append(dt)
-            flat_walls.append(dt_flat)
-    log(f"{label}: LocalEngine sync() median {statistics.median(walls) * 1e3:.1f} ms")
-    return {"label": label, "sync_wall": summarize(walls), "run_flat_wall": summarize(flat_walls),
-            "ops": plan.graph.number_of_nodes()}
+    figures = [per_call_figures(r) for r in runs]
+    L += ["## Per Ray call, per sync and against the simulator", "",
+          markdown_table(["figure"] + [r["config"] for r in runs],
+                         [[k] + [f[k] for f in figures] for k in (figures[0] if figures else {})]), ""]
 
-
-# -- gloo ----------------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_buckets(shapes: list[tuple[str, tuple[int, ...]]], cap_bytes: int) -> list[list[int]]:
-    """Consecutive tensor indices (backward order) grouped into buckets of at most ~cap_bytes (DDP-like)."""
-    buckets, cur, size = [], [], 0
-    for i, (_, shape) in enumerate(shapes):
-        nbytes = 4 * int(np.prod(shape, dtype=np.int64))
-        if cur and size + nbytes > cap_bytes:
-            buckets.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += nbytes
-    if cur:
-        buckets.append(cur)
-    return buckets
-
-
-def _gloo_worker(rank: int, world: int, port: int, shapes, iters: int, result_path: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=__import__("datetime").timedelta(seconds=300))
-    try:
-        gen = torch.Generator().manual_seed(1000 + rank)
-        tensors = [torch.randn(shape, generator=gen, dtype=torch.float32) for _, shape in shapes]
-        groups = make_buckets(shapes, DDP_BUCKET_BYTES)
-        flat = [torch.empty(sum(tensors[i].numel() for i in g), dtype=torch.float32) for g in groups]
-        views = []  # per bucket: (tensor index, view of the bucket)
-        for g, buf in zip(groups, flat):
-            off, vs = 0, []
-            for i in g:
-                n = tensors[i].numel()
-                vs.append((i, buf[off:off + n].view_as(tensors[i])))
-                off += n
-            views.append(vs)
-        for vs in views:
-            for i, v in vs:
-                v.copy_(tensors[i])
-
-        def per_tensor():
-            for t in tensors:
-                dist.all_reduce(t)
-                t.div_(world)
-
-        def bucketed():
-            for b in flat:
-                dist.all_reduce(b)
-                b.div_(world)
-
-        def bucketed_copy():
-            for vs, b in zip(views, flat):
-                for i, v in vs:
-                    v.copy_(tensors[i])
-                dist.all_reduce(b)
-                b.div_(world)
-                for i, v in vs:
-                    tensors[i].copy_(v)
-
-        def bucketed_async():
-            works = [dist.all_reduce(b, async_op=True) for b in flat]
-            for w, b in zip(works, flat):
-                w.wait()
-                b.div_(world)
-
-        variants = {"per-tensor": per_tensor, "bucketed 25MB": bucketed, "bucketed 25MB + copy in/out": bucketed_copy,
-                    "bucketed 25MB, async_op": bucketed_async}
-        results = {"buckets": len(flat), "bucket_numels": [int(b.numel()) for b in flat], "variants": {}}
-        for name, fn in variants.items():
-            times = []
-            for _ in range(iters + 1):
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-            t = torch.tensor(times[1:], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # per iteration: the slowest rank
-            results["variants"][name] = t.tolist()
-            if rank == 0:
-                print(f"[gloo] {name}: " + ", ".join(f"{x * 1e3:.0f}" for x in t.tolist()) + " ms",
-                      file=sys.stderr, flush=True)
-        # correctness: after per-tensor rounds the tensors hold means; all ranks must agree
-        probe = tensors[0].clone()
-        ref = probe.clone()
-        dist.broadcast(ref, 0)
-        results["consistent"] = bool(torch.equal(probe, ref))
-        if rank == 0:
-            Path(result_path).write_text(json.dumps(results))
-    finally:
-        dist.destroy_process_group()
-
-
-def bench_gloo(shapes, workers: int, iters: int) -> dict[str, Any]:
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "gloo.json")
-        port = free_port()
-        log(f"gloo: spawning {workers} processes, tcp://127.0.0.1:{port}")
-        ctx = mp.spawn(_gloo_worker, args=(workers, port, shapes, iters, path), nprocs=workers, join=False)
-        try:
-            while not ctx.join():  # raises (after stopping the others) if a rank fails
-                pass
-        finally:  # on any error or Ctrl-C: no rank outlives the benchmark
-            for proc in ctx.processes:
-                if proc.is_alive():
-                    proc.terminate()
-            for proc in ctx.processes:
-                proc.join(5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-        raw = json.loads(Path(path).read_text())
-    raw["summary"] = {name: summarize(ts) for name, ts in raw["variants"].items()}
-    return raw
-
-
-# -- overhead micro-benchmark ----------------------------------------------------------------------------
-def bench_overhead(workers: int, iters: int) -> list[dict[str, Any]]:
-    shapes = [(f"t{i:03d}", (10,)) for i in range(161)]
-    grads = make_grads(shapes, workers, seed=1)
-    rows = []
-    for bucket_bytes, label in ((0, "161 x 10 floats, bucket_bytes=0"), (None, "161 x 10 floats, default buckets")):
-        plan = casync.build_plan(dict(shapes), workers=workers, strategy="ring", codec=None, bucket_bytes=bucket_bytes)
-        ray_row = bench_ray_engine(plan, grads, iters, f"overhead ray [{label}]")
-        local_row = bench_local_engine(plan, grads, iters, f"overhead local [{label}]")
-        rows.append({"label": label, "ray": ray_row, "local": local_row})
-    return rows
-
-
-# -- report --------------------------------------------------------------------------------------------------
-def ms(x: float) -> str:
-    return f"{x * 1e3:,.1f}"
-
-
-def render(info, args, command, plan_info, ray_runs, local_res, gloo_res, overhead) -> str:
-    ray_res = ray_runs[0][1] if ray_runs else None
-    L: list[str] = []
-    L.append("# casync RayEngine vs torch.distributed gloo — ResNet-50 gradients")
-    L.append("")
-    L.append(f"Generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by")
-    L.append("")
-    L.append(f"```\n{command}\n```")
-    L.append("")
-    L.append(f"Machine: {info['nproc']} CPUs usable (os.cpu_count()={info['cpu_count']}), "
-             f"cpu model `{info['cpu_model']}`, load average at start {info['loadavg_at_start']}; "
-             f"Python {info['python']}, NumPy {info['numpy']}, torch {info['torch']}, Ray {info['ray']}; "
-             f"{info['platform']}. Shared, noisy machine: numbers move by tens of percent between runs.")
-    L.append("")
-    L.append(f"Workload: `{plan_info['model']}`, {plan_info['tensors']} tensors, {plan_info['numel'] / 1e6:.1f}M floats "
-             f"({plan_info['numel'] * 4 / 1e6:.1f} MB) per worker, {args.workers} workers, mean. casync plan: "
-             f"strategy ring, codec none, {plan_info['buckets']} buckets (default bucket_bytes), "
-             f"{plan_info['nodes']} ops, {ray_res['tasks'] if ray_res else '?'} fused tasks. Median of {args.iters} "
-             f"iterations after 1 warm-up; each casync iteration runs sync(grads) then run_flat(flats), and the sync "
-             f"span is the median over both ({2 * args.iters} timelines). gloo runs first, before Ray starts.")
-    L.append("")
-    if ray_res or gloo_res:
-        L.append("| system | what is timed | median ms | min ms | max ms |")
-        L.append("|---|---|---:|---:|---:|")
-        for label, res in ray_runs:
-            for key, what in (("sync_span", "(a) sync span from the timeline: first non-load op -> last op end"),
-                              ("run_flat_wall", "run_flat(flats) wall: ship flat buffers in, sync, results out"),
-                              ("sync_wall", "(b) sync(grads) wall: + dict<->flat conversion")):
-                s = res[key]
-                L.append(f"| casync RayEngine, {label} ({res['tasks']} tasks) | {what} | {ms(s['median'])} "
-                         f"| {ms(s['min'])} | {ms(s['max'])} |")
-        if local_res:
-            s = local_res["run_flat_wall"]
-            L.append(f"| casync LocalEngine (reference, 1 process) | run_flat(flats) wall, all {args.workers} workers' "
-                     f"ops in sequence | {ms(s['median'])} | {ms(s['min'])} | {ms(s['max'])} |")
-        if gloo_res:
-            for name, s in gloo_res["summary"].items():
-                L.append(f"| torch gloo, {args.workers} procs | all_reduce + div, {name} "
-                         f"| {ms(s['median'])} | {ms(s['min'])} | {ms(s['max'])} |")
-        L.append("")
-    if ray_res and gloo_res:
-        gnames = list(gloo_res["summary"])
-        L.append("Ratio casync / gloo (median / median; goal <= 1.5, stretch <= 1.0):")
-        L.append("")
-        L.append("| casync figure | " + " | ".join(f"vs gloo {g}" for g in gnames) + " |")
-        L.append("|---|" + "---:|" * len(gnames))
-        for label, res in ray_runs:
-            for key, what in (("sync_span", "(a) sync span"), ("run_flat_wall", "run_flat wall"),
-                              ("sync_wall", "(b) sync() wall")):
-                cells = []
-                for g in gnames:
-                    r = res[key]["median"] / gloo_res["summary"][g]["median"]
-                    mark = " ✓✓" if r <= STRETCH_RATIO else (" ✓" if r <= GOAL_RATIO else "")
-                    cells.append(f"{r:.2f}{mark}")
-                L.append(f"| {label}: {what} | " + " | ".join(cells) + " |")
-        L.append("")
-        L.append("✓ meets the goal (<= 1.5), ✓✓ the stretch goal (<= 1.0).")
-        L.append("")
-        L.append("Which gloo figure to compare with: *bucketed 25MB* is what DDP does (gradients already in bucket "
-                 "views); *per-tensor* is 161 separate all_reduce calls. casync's (a) is the engine's own sync "
-                 "(gradients already in the actors), the fair counterpart of gloo's all_reduce; (b) also moves "
-                 f"every worker's {plan_info['numel'] * 4 / 1e6:.0f} MB through the driver process twice (in and "
-                 "out), which gloo never does because each rank owns its tensors.")
-        L.append("")
-    for label, ray_res in ray_runs:
-        t = ray_res["timeline"]
-        L.append(f"## Where RayEngine's time goes (ResNet-50, {label}, the median iteration's timeline)")
-        L.append("")
-        L.append(f"- load span (gradients into the actors): {ms(t['load_span'])} ms; last load end -> first op: "
-                 f"{ms(t['load_end_to_first_op'])} ms; first load start -> last op end: {ms(t['first_load_to_last_op'])} ms")
-        L.append(f"- sync span: {ms(t['sync_span'])} ms, {t['n_ops']} op records, {ray_res['tasks']} fused tasks + "
-                 f"{2 * len(t['per_actor'])} load/collect calls = {ray_res['actor_calls']} actor calls")
-        L.append(f"- time in ops summed over actors: " + ", ".join(f"{k} {ms(v)} ms" for k, v in sorted(t['op_seconds'].items())))
-        L.append(f"- recv latency (send end -> receiving op runs): median {ms(t['recv_latency_median'])} ms, "
-                 f"max {ms(t['recv_latency_max'])} ms")
-        L.append(f"- dict->flat conversion alone (flatten_worker_grads, part of sync()): {ms(ray_res['flatten_s'])} ms")
-        L.append("")
-        L.append("| actor | ops run | busy in ops ms | of which encode/decode/merge ms | busy / sync span | first op ms | last op ms |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|")
-        for a, p in t["per_actor"].items():
-            L.append(f"| {a} | {p['ops']} | {ms(p['busy'])} | {ms(p['compute'])} | {p['busy'] / t['sync_span']:.0%} "
-                     f"| {ms(p['first'])} | {ms(p['last'])} |")
-        L.append("")
-    if overhead:
-        L.append("## Engine overhead: 161 tiny tensors (10 floats), ring, codec none")
-        L.append("")
-        L.append("| plan | engine | buckets | fused tasks | ops | actor calls / iter | sync() median ms | run_flat median ms "
-                 "| sync span ms | busy in ops (mean/actor) ms | ms per actor call |")
-        L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for row in overhead:
-            r = row["ray"]
-            t = r["timeline"]
-            busy = statistics.mean(p["busy"] for p in t["per_actor"].values())
-            per_call = r["run_flat_wall"]["median"] / r["actor_calls"]
-            L.append(f"| {row['label']} | RayEngine | {r['buckets']} | {r['tasks']} | {r['ops']} | {r['actor_calls']} "
-                     f"| {ms(r['sync_wall']['median'])} | {ms(r['run_flat_wall']['median'])} | {ms(t['sync_span'])} "
-                     f"| {ms(busy)} | {per_call * 1e3:.2f} |")
-            lo = row["local"]
-            L.append(f"| {row['label']} | LocalEngine | {r['buckets']} | – | {lo['ops']} | 0 "
-                     f"| {ms(lo['sync_wall']['median'])} | {ms(lo['run_flat_wall']['median'])} | – | – | – |")
-        L.append("")
-        L.append("ms per actor call = run_flat wall / (fused tasks + one load and one collect per actor): the whole "
-                 "wall time charged to actor calls, since the ops themselves are microseconds (see busy in ops).")
-        L.append("")
+    L += ["## CPU in the sync span", "",
+          "CPU seconds used between the first and the last op, mean over the timed syncs, against the capacity of "
+          f"{m['cores']} cores × span: /proc counters sampled every 10 ms (`ray_breakdown.CpuSampler`). The actors' "
+          "main threads are where Ray runs their calls (their CPU from schedstat, the ops' own from the timeline); "
+          "*outside* is busy time of the machine that none of these processes account for (other users of this "
+          "shared machine).", ""]
+    cpu = [cpu_rows(r) for r in runs]
+    body = [[k] + [ms(c[k]) for c in cpu] for k in (cpu[0] if cpu else {})]
+    body.append(["**cores × span**"] + [ms(m["cores"] * statistics.fmean(r["spans_s"])) for r in runs])
+    body.append(["Ray's machinery (rows 2–6) / the ops' own CPU"]
+                + [round(ray_cpu(r["cpu"]) / r["cpu"]["ops"], 1) for r in runs])
+    body.append(["actor main thread waiting for a CPU, % of span"]
+                + [round(100 * r["cpu"]["actor thread waiting for CPU"] / r["actors"] / statistics.fmean(r["spans_s"]))
+                   for r in runs])
+    L += [markdown_table(["CPU ms in the span"] + [r["config"] for r in runs], body), ""]
     return "\n".join(L) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iters", type=int, default=5, help="timed iterations (plus 1 warm-up)")
+    p.add_argument("--iters", type=int, default=5, help="timed syncs per configuration (after one warm-up)")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--out", default="benchmarks/results", help="folder for ray_vs_gloo.md")
+    p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--model", default="resnet50")
-    p.add_argument("--no-gloo", action="store_true", help="skip the gloo baseline")
-    p.add_argument("--no-ray", action="store_true", help="skip the casync RayEngine on the model")
-    p.add_argument("--overhead", dest="overhead", action="store_true", default=True,
-                   help="run the tiny-tensor overhead micro-benchmark (default)")
-    p.add_argument("--no-overhead", dest="overhead", action="store_false")
-    p.add_argument("--ray-cpus", type=int, default=None, help="num_cpus for the embedded Ray (default: nproc)")
-    p.add_argument("--bucket-bytes", default="",
-                   help="extra casync rows: comma-separated bucket_bytes values to run besides the default plan")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="strategy/codec pairs, comma-separated")
+    p.add_argument("--transport", default=None, help="RayEngine transport(s), comma-separated (when RayEngine has one)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat [every configuration, then gloo] this many times and pool the syncs (a shared "
+                        "machine's load moves; rounds spread it over all configurations)")
     args = p.parse_args(argv)
-    if args.iters < 1 or args.workers < 2:
-        p.error("--iters must be >= 1 and --workers >= 2")
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, Path.cwd())] + sys.argv[1:])
-
-    info = machine_info()
-    log(f"machine: {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
-    shapes = [(n, tuple(s)) for n, s in model_tensors(args.model)]
-    plan = casync.build_plan(args.model, workers=args.workers, strategy="ring", codec=None)
-    plan_info = {"model": args.model, "tensors": len(shapes), "numel": sum(int(np.prod(s)) for _, s in shapes),
-                 "buckets": len(plan.buckets), "nodes": plan.graph.number_of_nodes()}
-    log(f"{args.model}: {plan_info['tensors']} tensors, {plan_info['numel'] / 1e6:.1f}M floats; plan "
-        f"{plan_info['buckets']} buckets, {plan_info['nodes']} ops")
-
-    extra_buckets = [int(x) for x in args.bucket_bytes.split(",") if x.strip()]
-    ray_runs: list[tuple[str, dict]] = []
-    local_res = gloo_res = overhead = None
+    if args.iters < 1 or args.workers < 2 or args.rounds < 1:
+        p.error("--iters and --rounds must be >= 1, --workers >= 2")
+    transports = [t.strip() for t in args.transport.split(",")] if args.transport else [None]
+    options = {t: engine_options(t) for t in transports}
+    words = [os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])
+    command = "python " + " ".join(shlex.quote(a) for a in words)
+    started = time.time()
+    setup = local_setup()
+    cluster = setup.cluster_model(args.workers)
+    configs = [c.strip().split("/", 1) for c in args.configs.split(",") if c.strip()]
+    codecs = tuple(codec for _, codec in configs)
+    result: dict[str, Any] = {"machine": machine_info(), "command": command, "model": args.model,
+                              "workers": args.workers, "iters": args.iters, "rounds": args.rounds,
+                              "cluster": repr(cluster),
+                              "gloo": [], "runs": []}
     import ray
 
     from casync.runtime.ray_layer import connect_ray
 
+    def gloo() -> None:
+        log(f"gloo: {', '.join(GLOO)}, {args.workers} processes")
+        result["gloo"].append(run_baselines(setup.launcher(), args.model, args.workers, GLOO, iters=args.iters))
+
+    plans = {f"{strategy}/{codec}": make_plan(args.model, args.workers, strategy, codec, codecs, cluster)
+             for strategy, codec in configs}
+    runs = {(label, t): {"config": label, "transport": t, "actors": len(plan.actors), "send_bytes": send_bytes(plan),
+                         "sim": predicted(plan, cluster), "syncs": [], "consistent": True}
+            for t in transports for label, plan in plans.items()}
+    exact = exact_mean(args.model, args.workers)
     try:
-        # gloo first, on a machine without Ray's daemons running
-        if not args.no_gloo:
-            gloo_res = bench_gloo(shapes, args.workers, args.iters)
-        if not args.no_ray or args.overhead:
-            grads = make_grads(shapes, args.workers, seed=0) if not args.no_ray else None
-            # casync's own embedded-Ray start (127.0.0.1, no dashboard); the engines below reuse it
-            connect_ray(None, num_cpus=args.ray_cpus or max(2, info["nproc"]))
-            if not args.no_ray:
-                res = bench_ray_engine(plan, grads, args.iters, f"casync {args.model}")
-                ray_runs.append((f"default plan ({plan_info['buckets']} buckets)", res))
-                for bb in extra_buckets:
-                    extra = casync.build_plan(args.model, workers=args.workers, strategy="ring", codec=None,
-                                              bucket_bytes=bb)
-                    res = bench_ray_engine(extra, grads, args.iters, f"casync {args.model} bucket_bytes={bb}")
-                    ray_runs.append((f"bucket_bytes={bb / 2**20:g} MiB ({len(extra.buckets)} buckets)", res))
-                local_res = bench_local_engine(plan, grads, min(args.iters, 3), f"casync {args.model}")
-                del grads
-            if args.overhead:
-                overhead = bench_overhead(args.workers, max(args.iters, 10))
-    except BaseException:
-        traceback.print_exc()
-        raise
+        gloo()
+        for round_ in range(args.rounds):
+            connect_ray(None)  # gloo always runs without Ray's processes up
+            store = GradientStore(args.model)
+            for (label, transport), run in runs.items():
+                log(f"round {round_ + 1}/{args.rounds}: RayEngine {label}, transport {transport or 'default'}")
+                got = measure_engine(plans[label], store, exact, args.iters, options[transport])
+                run["syncs"] += got["syncs"]
+                run["consistent"] &= got["consistent"]
+                run.setdefault("rel_error", got["rel_error"])
+                log(f"  median span {ms(statistics.median(s['span_s'] for s in got['syncs']))} ms "
+                    f"(simulator {ms(run['sim']['span_s'])} ms)")
+            ray.shutdown()
+            gloo()
     finally:
         if ray.is_initialized():
             ray.shutdown()
-
-    text = render(info, args, command, plan_info, ray_runs, local_res, gloo_res, overhead)
-    print(text)
+    for run in runs.values():
+        summarize(run)
+    result["runs"] = list(runs.values())
+    result["numel"] = model_numel(args.model)
+    result["seconds"] = time.time() - started
+    result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = render(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ray_vs_gloo.md").write_text(text)
-    log(f"wrote {out / 'ray_vs_gloo.md'}")
+    (out / "ray_vs_gloo.json").write_text(json.dumps(result, indent=1, default=str))
+    print(text)
+    log(f"wrote {out / 'ray_vs_gloo.md'} and ray_vs_gloo.json")
     return 0
 
 
