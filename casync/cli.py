@@ -64,9 +64,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .sim.profiler import DEFAULT_SIZES, profile
 
     sizes = DEFAULT_SIZES[:4] if args.quick else DEFAULT_SIZES
+    transfer = None
     # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
-    result = profile(sizes=sizes, repeat=1 if args.quick else 3, transfer=not (args.no_transfer or args.netem),
-                     progress=not args.no_progress)
+    if not (args.no_transfer or args.netem):
+        from .runtime.transfer import profile_transfer
+
+        transfer = profile_transfer(repeat=1 if args.quick else 3, transport=args.transport)
+    result = profile(sizes=sizes, repeat=1 if args.quick else 3, transfer=transfer, progress=not args.no_progress)
     rows = [[key, f"{c['encode'].a * 1e6:.1f}", f"{4e-9 / c['encode'].b if c['encode'].b else float('inf'):.2f}",
              f"{4e-9 / c['decode'].b if c['decode'].b else float('inf'):.2f}"] for key, c in result.codecs.items()]
     print(format_table(["codec", "encode a (us)", "encode GB/s", "decode GB/s"], rows))
@@ -255,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="measure this machine's codec, merge and transfer costs (JSON)")
     pr.add_argument("--out", default="profile.json")
     pr.add_argument("--quick", action="store_true", help="fewer sizes and repeats (seconds, not minutes)")
-    pr.add_argument("--no-transfer", action="store_true", help="skip the Ray actor transfer measurement")
+    pr.add_argument("--no-transfer", action="store_true", help="skip the actor-to-actor transfer measurement")
+    pr.add_argument("--transport", default="direct", choices=["direct", "objectstore"],
+                    help="the data plane whose transfer cost is measured (default: direct)")
     pr.add_argument("--calibrate-ray", action="store_true",
                     help="also run calibration plans on RayEngine and fit the runtime's costs (what simulate "
                          "needs to predict RayEngine on this machine)")

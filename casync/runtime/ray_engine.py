@@ -26,13 +26,13 @@ from ..engines.inputs import check_flats
 from ..engines.nonfinite import SyncOutput, layouts, scan_worker, void_step, voids_step
 from ..engines.state import EngineState
 from ..engines.timeline import op_rows
-from ..errors import SyncError
+from ..errors import SyncError, WorkerLostError
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, actor_shares, compile_program
 from .data_plane import form_group
 from .executor_actor import RemoteExecutorActor
 from .ray_actor import RemoteSyncActor
-from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, positive_number
+from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, dead_actors, positive_number
 
 TRANSPORTS = ("direct", "gloo", "nccl", "objectstore")
 DEFAULT_TRANSPORT = "direct"
@@ -204,7 +204,11 @@ class RayEngine(EngineBase):
         try:
             return self.group.get(refs, what, deadline)
         except RayTaskError as exc:
-            self.group.fail(f"a task failed while {what}")
+            lost = dead_actors(self.actors, "pid")  # a peer's death fails its neighbours' transfers first
+            self.group.fail(f"actor(s) {lost} lost while {what}" if lost else f"a task failed while {what}")
+            if lost:
+                raise WorkerLostError(f"{what}: actor(s) {lost} died; the others' transfers failed: "
+                                      f"{type(exc.cause).__name__}") from exc
             raise SyncError(f"{what}: a task failed: {exc}") from exc
 
     def _discard(self, reason: str) -> None:

@@ -1,18 +1,121 @@
-"""The actor-to-actor transfer cost through Ray's object store on this node (``casync profile``'s Ray part)."""
+"""What moving a payload between two actors of one node costs, per data plane (``casync profile``'s part that
+needs processes): ``alpha + bytes / beta`` seconds and the per-task overhead.
+
+* ``"direct"``: the sender copies the body into the receiver's shared-memory slot (``beta``: that copy, into
+  memory already mapped), then a small header crosses gloo (``alpha``: its one-way latency); the overhead is
+  the per-rank executor's own cost per task.
+* ``"objectstore"``: a payload returned by one Ray actor and passed to another; the overhead is a Ray call.
+"""
 from __future__ import annotations
 
+import datetime
+import multiprocessing as mp
 import time
 from typing import Iterable
 
 import numpy as np
-import ray
 
 from ..sim.profiler import best_time, fit_linear
-from .ray_layer import connect_ray
+from ..transport.torchdist import free_port
+
+SIZES = (2**10, 2**16, 2**20, 2**23, 2**25, 2**26)
 
 
-def profile_transfer(sizes: Iterable[int] = (2**10, 2**16, 2**20, 2**23, 2**25), repeat: int = 3) -> tuple[float, float, float]:
-    """``(alpha_s, beta_bytes_per_s, task_overhead_s)`` between two Ray actors on this node."""
+def profile_transfer(sizes: Iterable[int] = SIZES, repeat: int = 3, transport: str = "direct"
+                     ) -> tuple[float, float, float]:
+    """``(alpha_s, beta_bytes_per_s, task_overhead_s)`` between two actors of this node on ``transport``."""
+    if transport == "objectstore":
+        return _objectstore(sizes, repeat)
+    if transport != "direct":
+        raise ValueError(f"transport must be 'direct' or 'objectstore', got {transport!r}")
+    alpha = _header_latency()
+    big = [n for n in sizes if n >= 2**23] or list(sizes)  # beyond the caches, as gradient payloads are
+    secs = []
+    for nbytes in big:
+        src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+        dst[...] = src  # mapped and touched, as a reused arena slot is
+        secs.append(best_time(lambda: dst.__setitem__(Ellipsis, src), repeat))
+    beta = max(big) / max(secs) if len(big) < 2 else 1.0 / max(fit_linear(big, secs).b, 1e-12)
+    return alpha, beta, _executor_overhead()
+
+
+def _ping(rank: int, port: int, rounds: int, out: "mp.Queue") -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    x = torch.zeros(4, dtype=torch.int64)
+    for i in range(rounds + 10):  # the first ten warm the connection up
+        if i == 10:
+            start = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1, tag=1)
+            dist.recv(x, 1, tag=2)
+        else:
+            dist.recv(x, 0, tag=1)
+            dist.send(x, 0, tag=2)
+    if rank == 0:
+        out.put((time.perf_counter() - start) / rounds / 2)
+    dist.destroy_process_group()
+
+
+def _header_latency(rounds: int = 300) -> float:
+    """One-way latency of a header-sized gloo message between two processes (half a round trip)."""
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_ping, args=(r, port, rounds, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        return float(out.get(timeout=120))
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+def _executor_overhead(tensors: int = 48, steps: int = 20) -> float:
+    """The per-rank executor's cost per task beyond its ops: two actors in threads of this process run a plan
+    of tiny tensors (ops of next to no work) over an in-process hub."""
+    import threading
+
+    from ..engines.executor import RankExecutor
+    from ..plan.build import build_plan
+    from ..schedule import actor_shares, compile_program
+    from ..transport.base import LocalHub
+
+    plan = build_plan([(f"t{i}", (64,)) for i in range(tensors)], workers=2, strategy="ring", codec="none",
+                      bucket_bytes=0)
+    shares, hub = actor_shares(plan), LocalHub(timeout_s=60)
+    parts = {b.name: list(b.partitions) for b in plan.buckets}
+    executors = {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, hub.channel(a), 60) for a in plan.actors}
+    grads = {b.name: np.zeros(b.numel, np.float32) for b in plan.buckets}
+
+    def run(actor: str, step: int) -> None:
+        executor = executors[actor]
+        executor.begin(step, {})
+        for bucket, flat in grads.items():
+            executor.provide(bucket, flat)
+        executor.finish()
+
+    start = time.perf_counter()
+    for step in range(steps):
+        threads = [threading.Thread(target=run, args=(a, step)) for a in plan.actors]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    per_step = (time.perf_counter() - start) / steps
+    return per_step / (len(compile_program(plan).tasks) / len(plan.actors))
+
+
+def _objectstore(sizes: Iterable[int], repeat: int) -> tuple[float, float, float]:
+    import ray
+
+    from .ray_layer import connect_ray
+
     started = connect_ray(None)
     try:
         @ray.remote(num_cpus=0)

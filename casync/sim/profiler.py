@@ -79,14 +79,14 @@ def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> Line
 
 
 def profile(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3,
-            transfer: bool = True, progress: bool = True) -> Profile:
-    """Measure every cost the simulator needs on this machine; ``transfer=False`` skips Ray (keeps defaults)."""
+            transfer: tuple[float, float, float] | None = None, progress: bool = True) -> Profile:
+    """Measure every op cost the simulator needs on this machine.  ``transfer``: ``(alpha_s, beta_bytes_per_s,
+    task_overhead_s)`` of the data plane, measured by ``casync.runtime.transfer.profile_transfer`` (it needs
+    processes); None keeps the packaged profile's."""
     codec_costs = profile_codecs(codecs, sizes, repeat, progress)
     merge = profile_merge(sizes, repeat)
-    if transfer:
-        from runtime.transfer import profile_transfer  # Ray: only when asked for
-
-        alpha, beta, overhead = profile_transfer()
+    if transfer is not None:
+        alpha, beta, overhead = transfer
     else:
         base = Profile.default()
         alpha, beta, overhead = base.transfer_alpha_s, base.transfer_beta_bps, base.task_overhead_s

@@ -28,16 +28,17 @@ class Transfer:
     nbytes: int
 
 
-def arenas(transfers: Iterable[Transfer], node_of: Mapping[str, Any]) -> dict[str, dict[int, int]]:
-    """For every receiving actor, the offset of each same-node transfer's slot in one half of its arena (the
-    half's size under key -1)."""
-    out: dict[str, dict[int, int]] = {}
+def arenas(transfers: Iterable[Transfer], node_of: Mapping[str, Any]) -> dict[str, dict[int, tuple[int, int]]]:
+    """For every receiving actor, ``(offset, size)`` of each same-node transfer's slot in one half of its arena
+    (the half's size under key -1)."""
+    out: dict[str, dict[int, tuple[int, int]]] = {}
     for t in sorted(transfers, key=lambda t: t.id):
         if node_of[t.src] != node_of[t.dst]:
             continue
-        slots = out.setdefault(t.dst, {-1: 0})
-        slots[t.id] = slots[-1]
-        slots[-1] += -(-max(t.nbytes, 1) // ALIGN) * ALIGN
+        slots = out.setdefault(t.dst, {-1: (0, 0)})
+        end = slots[-1][0]
+        slots[t.id] = (end, t.nbytes)
+        slots[-1] = (end + -(-max(t.nbytes, 1) // ALIGN) * ALIGN, 0)
     return out
 
 
@@ -54,14 +55,14 @@ class ShmChannel:
     """An actor's end of the data plane when some peers share its machine: bodies to and from them through
     shared memory, everything else through ``base``."""
 
-    def __init__(self, base: Any, actor: str, layout: Mapping[str, dict[int, int]], prefix: str):
+    def __init__(self, base: Any, actor: str, layout: Mapping[str, dict[int, tuple[int, int]]], prefix: str):
         self.base = base
         self.actor = actor
         self.layout = layout
         self.prefix = prefix
         self._own: shared_memory.SharedMemory | None = None
         self._peers: dict[str, shared_memory.SharedMemory] = {}
-        half = layout.get(actor, {}).get(-1, 0)
+        half = layout.get(actor, {}).get(-1, (0, 0))[0]
         if half:
             self._own = shared_memory.SharedMemory(name=self._name(actor), create=True, size=2 * half)
 
@@ -71,7 +72,7 @@ class ShmChannel:
     def attach(self) -> None:
         """Map the arenas of the same-node actors this one sends to (after every owner created its own)."""
         for receiver, slots in self.layout.items():
-            if receiver != self.actor and slots.get(-1):
+            if receiver != self.actor and slots.get(-1, (0, 0))[0]:
                 self._peers[receiver] = _attach(self._name(receiver))
 
     def unlink(self) -> None:
@@ -80,24 +81,29 @@ class ShmChannel:
             self._own.unlink()
 
     def _slot(self, shm: shared_memory.SharedMemory, receiver: str, transfer: int, nbytes: int, step: int
-              ) -> np.ndarray:
-        slots = self.layout[receiver]
-        offset = slots[transfer] + (step % 2) * slots[-1]
+              ) -> np.ndarray | None:
+        """The slot of ``transfer`` in ``receiver``'s arena for ``step``; None when the body does not fit it
+        (a codec's payload grew, e.g. a sparsity warm-up): both ends then use the base channel."""
+        slot = self.layout.get(receiver, {}).get(transfer)
+        if slot is None or nbytes > slot[1]:
+            return None
+        offset = slot[0] + (step % 2) * self.layout[receiver][-1][0]
         return np.ndarray((nbytes,), np.uint8, buffer=shm.buf, offset=offset)
 
     # -- the executor's body path ----------------------------------------------------------------------------
     def body_buffer(self, peer: str, transfer: int, nbytes: int, step: int) -> np.ndarray | None:
         """Where ``peer`` writes this transfer's body directly (None: receive it through the base channel)."""
-        if self._own is None or transfer not in self.layout.get(self.actor, {}):
+        if self._own is None:
             return None
         return self._slot(self._own, self.actor, transfer, nbytes, step)
 
     def put_body(self, body: np.ndarray, peer: str, transfer: int, step: int) -> bool:
         """Copy the body into ``peer``'s slot; False when ``peer`` is not on this machine."""
         shm = self._peers.get(peer)
-        if shm is None or transfer not in self.layout[peer]:
+        slot = None if shm is None else self._slot(shm, peer, transfer, body.nbytes, step)
+        if slot is None:
             return False
-        self._slot(shm, peer, transfer, body.nbytes, step)[...] = body
+        slot[...] = body
         return True
 
     # -- everything else goes through the base channel ------------------------------------------------------
