@@ -87,7 +87,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
             setup = netem_setup(args.netem)
             address, cluster = setup.ray_address, setup.cluster_model(2)
-        result = calibrate_ray(profile=result, progress=not args.no_progress, address=address, cluster=cluster)
+        result = calibrate_ray(profile=result, progress=not args.no_progress, address=address, cluster=cluster,
+                               transport=args.transport)
         rt = result.runtime
         remote = (f"; between nodes, beyond the link: {rt.remote_hop.a * 1e3:.2f} ms + {rt.remote_hop.b * 1e9:.3f} ns/byte"
                   if rt.remote_hop is not None else "")

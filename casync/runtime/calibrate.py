@@ -159,6 +159,59 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                         remote_hop=_fit_remote_hop(remote, cluster) if remote else None)
 
 
+def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
+                       cluster: ClusterModel | None = None) -> RuntimeCosts:
+    """Fit :class:`RuntimeCosts` of the direct data plane (per-rank executors) from measured runs.
+
+    Compute scale as :func:`fit_runtime`.  ``op_gap_s``: the median idle time between two compute ops of
+    one actor when the second one's inputs were already there (the executor's own cost per op).  ``hop``:
+    from a send being issued to its receiver noticing the payload (the sender thread's copy, the header's
+    trip, the receiver thread's wake-up), ``a + b * bytes``; between nodes, beyond the link, ``remote_hop``.
+    """
+    totals: dict[str, list[float]] = {}
+    gaps: list[float] = []
+    hops: list[tuple[int, float]] = []
+    remote: list[tuple[int, float]] = []
+    for plan, steps in runs:
+        graph = plan.graph
+        for rows in steps:
+            done = {r["node"]: r["end"] for r in rows if r.get("node")}
+            by_actor: dict[str, list[dict[str, Any]]] = {}
+            for r in rows:
+                if r["op"] in COMPUTE_OPS and r.get("node") in graph:
+                    a = graph.nodes[r["node"]]
+                    key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
+                    total = totals.setdefault(key, [0.0, 0.0])
+                    total[0] += r["cpu"] if r.get("cpu") is not None else r["end"] - r["start"]
+                    total[1] += _predicted_op_s(a, profile, graph.in_degree(r["node"]))
+                    by_actor.setdefault(r["actor"], []).append(r)
+                elif r["op"] == "recv" and r.get("node") in graph:  # op_rows starts a recv when its send was issued
+                    sender = graph.nodes[next(iter(graph.predecessors(r["node"])))]["actor"]
+                    sample = (r["nbytes"], r["end"] - r["start"])
+                    if cluster is not None and cluster.node_of(sender) != cluster.node_of(r["actor"]):
+                        remote.append((sample[0], sample[1] - sample[0] / cluster.bytes_per_s
+                                       - cluster.latency_us * 1e-6))
+                    else:
+                        hops.append(sample)
+            for ops in by_actor.values():
+                ops.sort(key=lambda r: r["start"])
+                for prev, cur in zip(ops, ops[1:]):
+                    ready = max((done.get(u, 0.0) for u in graph.predecessors(cur["node"])), default=0.0)
+                    if ready <= prev["end"]:  # its inputs were there: the time between is the executor's own
+                        gaps.append(cur["start"] - prev["end"])
+    measured_s = sum(m for m, _ in totals.values())
+    predicted_s = sum(p for _, p in totals.values())
+    if predicted_s <= 0 or not gaps or not hops:
+        raise ValueError(f"not enough measured data to fit the direct runtime: {len(gaps)} op gaps, {len(hops)} "
+                         f"hops, {predicted_s:.3g}s of profiled compute")
+    op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
+    return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=0.0, hop=_fit_hop(hops),
+                        op_scale=op_scale, samples={"gaps": len(gaps), "hops": len(hops), "remote_hops": len(remote),
+                                                    "ops": len(totals)},
+                        remote_hop=_fit_remote_hop(remote, cluster) if remote else None,
+                        op_gap_s=max(0.0, statistics.median(gaps)), plane="direct")
+
+
 #: Remote hops whose payload needs at most this long on the link fit the constant between-node latency:
 #: larger payloads share the link with others in flight, and that queueing is the simulator's to model.
 REMOTE_FIT_MAX_WIRE_S = 0.01
@@ -290,11 +343,11 @@ def sync_span(rows: Sequence[dict[str, Any]]) -> float:
 
 def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | None = None, iters: int = 5,
                   progress: bool = False, address: str | None = None,
-                  cluster: ClusterModel | None = None) -> Profile:
+                  cluster: ClusterModel | None = None, transport: str = "direct") -> Profile:
     """Run each plan (default: :func:`calibration_plans`) on a :class:`casync.RayEngine` (embedded local Ray
-    unless one is up, or the cluster at ``address``), fit the runtime costs and return ``profile`` (default:
-    packaged) with them attached.  ``cluster``: where RayEngine's spread placement puts the workers, e.g.
-    one per node (then the hops between nodes are fitted as ``remote_hop``)."""
+    unless one is up, or the cluster at ``address``) over ``transport``, fit the runtime costs and return
+    ``profile`` (default: packaged) with them attached.  ``cluster``: where RayEngine's spread placement puts
+    the workers, e.g. one per node (then the hops between nodes are fitted as ``remote_hop``)."""
     import ray
     from tqdm.auto import tqdm
 
@@ -304,14 +357,17 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     plans = calibration_plans() if plans is None else list(plans)
     started = connect_ray(address)
     try:
-        runs = [(plan, measure_timelines(plan, iters)) for plan in tqdm(plans, desc="calibrating", disable=not progress)]
-        dispatch = measure_dispatch()
+        runs = [(plan, measure_timelines(plan, iters, transport=transport))
+                for plan in tqdm(plans, desc="calibrating", disable=not progress)]
+        dispatch = measure_dispatch() if transport == "objectstore" else 0.0
     finally:
         if started:
             ray.shutdown()
+    if transport != "objectstore":
+        return profile.with_runtime(fit_direct_runtime(runs, profile, cluster=cluster))
     runtime = fit_runtime(runs, profile, cores=os.cpu_count(), dispatch_s=dispatch, cluster=cluster)
     return profile.with_runtime(runtime)
 
 
 __all__ = ["CALIBRATION_CONFIGS", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
-           "fit_runtime", "measure_dispatch", "measure_timelines", "sync_span", "task_spans"]
+           "fit_direct_runtime", "fit_runtime", "measure_dispatch", "measure_timelines", "sync_span", "task_spans"]

@@ -38,6 +38,9 @@ class RuntimeCosts:
     two fused tasks of one actor whose inputs were ready.  ``hop``: seconds from a payload's production to
     the receiving task's start, ``a + b * bytes``, within a node.  ``remote_hop``: the same between nodes,
     beyond the link's own time (Ray's object manager locating and pulling the object); None: as ``hop``.
+    ``plane``: the data plane they were fitted on, ``"objectstore"`` (the sender copies each payload into the
+    store on its lane) or ``"direct"`` (its sender thread copies it: the copy is in ``hop``, and ``op_gap_s``
+    is the per-rank executor's own cost per op).
     """
 
     compute_scale: float
@@ -47,6 +50,8 @@ class RuntimeCosts:
     dispatch_s: float = 0.0  # driver + raylet CPU seconds per task, on the head node's cores
     samples: dict[str, int] = field(default_factory=dict, compare=False)
     remote_hop: LinearCost | None = None  # between nodes, beyond the wire (None: as ``hop``)
+    op_gap_s: float = 0.0  # charged on every compute op (the direct plane's executor)
+    plane: str = "objectstore"
 
     def scale(self, op: str, codec_key: str = "") -> float:
         """The scale fitted for this op and codec, else the overall one."""
@@ -56,7 +61,7 @@ class RuntimeCosts:
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,
                 "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
-                "samples": dict(self.samples),
+                "samples": dict(self.samples), "op_gap_s": self.op_gap_s, "plane": self.plane,
                 **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {})}
 
     @classmethod
@@ -88,10 +93,16 @@ class RuntimeCosts:
         if isinstance(dispatch, bool) or not isinstance(dispatch, (int, float)) or dispatch < 0:
             raise ValueError(f"{source}: runtime.dispatch_s must be a non-negative number, got {dispatch!r}")
         samples = data.get("samples", {})
+        op_gap, plane = data.get("op_gap_s", 0.0), data.get("plane", "objectstore")
+        if isinstance(op_gap, bool) or not isinstance(op_gap, (int, float)) or op_gap < 0:
+            raise ValueError(f"{source}: runtime.op_gap_s must be a non-negative number, got {op_gap!r}")
+        if plane not in ("objectstore", "direct"):
+            raise ValueError(f"{source}: runtime.plane must be 'objectstore' or 'direct', got {plane!r}")
         return cls(float(scale), float(gap), LinearCost(float(hop[0]), float(hop[1])),
                    {k: float(v) for k, v in op_scale.items()}, float(dispatch),
                    dict(samples) if isinstance(samples, dict) else {},
-                   LinearCost(float(remote[0]), float(remote[1])) if remote is not None else None)
+                   LinearCost(float(remote[0]), float(remote[1])) if remote is not None else None,
+                   float(op_gap), plane)
 
 
 @dataclass
@@ -143,9 +154,15 @@ class Profile:
         return self.runtime.task_gap_s if self.runtime is not None else self.task_overhead_s
 
     def store_s(self, nbytes: int) -> float:
-        """CPU seconds the sending actor spends copying a payload into the object store (calibrated runtime
-        only; the ideal runtime charges the copy to the link instead)."""
-        return nbytes / self.transfer_beta_bps if self.runtime is not None else 0.0
+        """CPU seconds the sending actor spends copying a payload into the object store (a runtime calibrated
+        on the object store only; the ideal runtime charges the copy to the link, the direct plane to the hop)."""
+        return nbytes / self.transfer_beta_bps if self.runtime is not None and self.runtime.plane == "objectstore" \
+            else 0.0
+
+    @property
+    def op_cost_s(self) -> float:
+        """Charged on every compute op on top of its own cost (the direct plane's executor, calibrated)."""
+        return self.runtime.op_gap_s if self.runtime is not None else 0.0
 
     def link_s(self, nbytes: int, same_node: bool, cluster: "ClusterModel") -> tuple[float, float]:
         """``(occupancy, delay)`` of moving a stored payload of ``nbytes``: seconds the sender's egress and the

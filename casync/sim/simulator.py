@@ -113,7 +113,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
 
     pool_of = [pool_lanes(node_of[a]) for a in range(n_actors)]
     head = pool_lanes(0) if profile.dispatch_s else None
-    dispatch_cpu, task_cost = profile.dispatch_s, profile.task_cost_s
+    dispatch_cpu, task_cost, op_cost = profile.dispatch_s, profile.task_cost_s, profile.op_cost_s
     lane_free = [0.0] * len(lane_names)
     lane_last = [-1] * len(lane_names)
 
@@ -205,7 +205,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             if k == SEND:
                 duration = profile.store_s(nbytes[n])
             else:
-                duration = duration_of[n]
+                duration = duration_of[n] + op_cost
                 key = (actor, bucket_of[n], hop[n])
                 if key not in task_seen:
                     task_seen.add(key)

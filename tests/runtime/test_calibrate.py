@@ -116,3 +116,21 @@ def test_fit_runtime_reads_measured_timelines(ray_local):
     assert 0 < dispatch < 0.1  # CPU seconds per task of the driver and Ray's processes
     with pytest.raises(ValueError, match="not enough"):
         fit_runtime(runs, Profile.default(), cores=0)  # no run is uncontended on zero cores
+
+
+def test_fit_direct_runtime_reads_the_executors_timelines(ray_local):
+    """On the direct data plane: an op gap (the executor's own cost per op) and a hop from each send's issue
+    to its receiver noticing it, fitted from real RayEngine timelines; the calibrated simulator charges them."""
+    from casync.runtime.calibrate import calibration_plans, fit_direct_runtime
+
+    plans = calibration_plans(workers=2, configs=(("ring", "onebit"),))
+    runs = [(plan, measure_timelines(plan, iters=2, transport="direct")) for plan in plans]
+    runtime = fit_direct_runtime(runs, Profile.default())
+    assert runtime.plane == "direct" and runtime.task_gap_s == 0.0
+    assert 0 <= runtime.op_gap_s < 0.5 and runtime.samples["gaps"] > 0 and runtime.samples["hops"] > 0
+    assert runtime.hop.a >= 0 and runtime.hop.b >= 0
+    profile = Profile.default().with_runtime(runtime)
+    assert profile.store_s(1 << 20) == 0.0  # the direct plane's copy is in the hop, not on the sender's lane
+    cluster = ClusterModel(nodes=1, workers_per_node=2)
+    assert simulate(plans[0], cluster, profile).iteration_time > simulate(plans[0], cluster).iteration_time
+    assert RuntimeCosts.from_dict(runtime.to_dict(), "test") == runtime
