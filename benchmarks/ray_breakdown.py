@@ -278,6 +278,39 @@ def sync_breakdown(rows: Sequence[dict[str, Any]], tasks: Sequence[RayTask], act
             "calls": sum(1 for t in tasks if t.method == "run")}
 
 
+def executor_breakdown(rows: Sequence[dict[str, Any]], calls: int) -> dict[str, Any]:
+    """One sync on the direct data plane (per-rank executors, one Ray call per actor): each actor's span cut
+    into its ops' own CPU, their waiting for a core, the executor's own time between ops whose inputs were
+    there (``between_ops``), and idle time waiting for a payload or a local input (``wait_inputs``); the
+    other categories are the object store's and stay 0.  Same return shape as :func:`sync_breakdown`."""
+    ops = [r for r in rows if r["op"] != "load"]
+    span = (min(r["start"] for r in ops), max(r["end"] for r in ops))
+    per_actor = {}
+    for name in sorted({r["actor"] for r in ops}):
+        out = dict.fromkeys(CATEGORIES, 0.0)
+        mine = sorted((r for r in ops if r["actor"] == name and r["op"] in ("encode", "decode", "merge", "send")),
+                      key=lambda r: r["start"])
+        arrived = sorted(r["end"] for r in ops if r["actor"] == name and r["op"] == "recv")
+        edge = span[0]
+        for r in mine:
+            wall = r["end"] - r["start"]
+            cpu = min(wall, r.get("cpu") or 0.0)
+            out["op_cpu"] += cpu
+            out["op_wait"] += wall - cpu
+            gap = max(0.0, r["start"] - edge)
+            # idle until the last payload this op could have been waiting for; the rest is the executor's own
+            waited = bisect.bisect_right(arrived, r["start"]) and arrived[bisect.bisect_right(arrived, r["start"]) - 1]
+            idle = max(0.0, min(r["start"], waited) - edge) if waited and waited > edge else 0.0
+            out["wait_inputs"] += idle
+            out["between_ops"] += gap - idle
+            edge = max(edge, r["end"])
+        out["tail"] += max(0.0, span[1] - edge)
+        per_actor[name] = out
+    mean = {k: statistics.fmean(p[k] for p in per_actor.values()) for k in CATEGORIES}
+    return {"span_s": span[1] - span[0], "span": span, "per_actor": per_actor, "mean": mean, "ops": len(ops),
+            "matched": len(ops), "calls": calls}
+
+
 # -----------------------------------------------------------------------------------------------------
 # CPU seconds and page faults per process group (Linux /proc)
 # -----------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
                                      [--configs ring/none,ring/onebit,ps-twoway/randomk:ratio=0.01]
                                      [--transport NAME[,NAME...]] [--rounds 1] [--model resnet50]
 
-Measured side by side in one run, on the same gradients (``casync.bench.workload``: worker w's gradient is
+Measured side by side in one run, on the same gradients (``casync.datasets.gradients``: worker w's gradient is
 seeded by (seed, w)), mean over workers:
 
 * **RayEngine**, one fresh engine per configuration (``strategy/codec``, strategy labels as in
@@ -56,7 +56,7 @@ from casync.bench.measure import GradientStore, sync_span
 from casync.bench.predict import make_plan, predict
 from casync.bench.runner import machine_info
 from casync.bench.setup import local_setup
-from casync.bench.workload import exact_mean, model_numel
+from casync.datasets.gradients import exact_mean, model_numel
 from casync.table import markdown_table
 
 CONFIGS = ("ring/none", "ring/onebit", "ps-twoway/randomk:ratio=0.01")
@@ -109,6 +109,13 @@ def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
                 if i:
                     rows = engine.timeline(engine.step - 1)
                     syncs.append({"window": (t0, t1), "wall_s": t1 - t0, "span_s": sync_span(rows), "rows": rows})
+        if getattr(engine, "program", None) is None:  # the direct data plane: one call per actor, no Ray tasks to read
+            for s in syncs:
+                s["breakdown"] = rb.executor_breakdown(s.pop("rows"), engine.calls_per_step)
+                s["cpu"] = sampler.between(*s["breakdown"]["span"])
+                s["cpu"]["ops"] = sum(a["op_cpu"] for a in s["breakdown"]["per_actor"].values())
+                s["submit_s"] = s["submitted_before_first_op_s"] = 0.0
+            return {"syncs": syncs, "consistent": consistent, "rel_error": rel_error}
         time.sleep(TASK_EVENTS_DELAY_S)
         tasks, submits = rb.ray_tasks(ids.values(), syncs[0]["window"][0], syncs[-1]["window"][1])
         for s in syncs:
@@ -174,6 +181,16 @@ def per_call_figures(run: dict[str, Any]) -> dict[str, Any]:
     calls = b["calls"] / run["actors"]  # per actor
     worst = min((s["breakdown"] for s in run["syncs"]), key=lambda x: x["matched"] / x["ops"])
     in_call = sum(mean[k] for k in ("deserialize", "store", "task_loop", "between_ops"))
+    if not mean["store"]:  # the direct data plane: nothing goes through the object store
+        return {"Ray calls per actor per sync": round(calls, 1),
+                "payload MB each actor sends per sync": round(run["send_bytes"] / 1e6, 1),
+                "actors' minor page faults per MB sent": round(run["cpu"]["actors faults"]
+                                                               / max(run["send_bytes"] * run["actors"] / 1e6, 1e-9)),
+                "executor's own time between ops per actor, ms": ms(mean["between_ops"]),
+                "idle waiting for payloads per actor, ms": ms(mean["wait_inputs"]),
+                "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"]),
+                "ops' compute per actor, ms (simulator)": ms(run["sim"]["compute_s"]),
+                "transfers per actor, ms (simulator's egress lane)": ms(run["sim"]["transfer_s"])}
     return {
         "Ray calls per actor per sync": round(calls, 1),
         "op rows matched to a Ray call (worst sync)": f"{worst['matched']}/{worst['ops']}",

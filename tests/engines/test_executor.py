@@ -1,0 +1,128 @@
+"""The per-rank executor without Ray: every actor of a plan in a thread of this process, over a LocalHub."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import casync
+from casync.engines.executor import RankExecutor
+from casync.engines.inputs import flatten_worker_grads
+from casync.engines.nonfinite import layouts, scan_worker
+from casync.errors import SyncError, SyncTimeoutError
+from casync.schedule import actor_shares
+from casync.transport.base import LocalHub
+from primitives.ir import Actor
+from tests.helpers import make_grads
+
+SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}
+
+
+def executors(plan, hub, timeout_s=10.0):
+    shares = actor_shares(plan)
+    parts = {b.name: list(b.partitions) for b in plan.buckets}
+    return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, hub.channel(a), timeout_s) for a in plan.actors}
+
+
+def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0):
+    """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others."""
+    out, errors = {}, {}
+    lay = layouts(plan)
+
+    def go(actor):
+        try:
+            ex = execs[actor]
+            ex.begin(step, residuals[actor])
+            who = Actor.parse(actor)
+            if who.is_worker:
+                _, flagged = scan_worker(lay, who.index, flats[who.index])
+                early = [b for b in flats[who.index] if b not in late]
+                for bucket in early + list(late):
+                    if bucket in late and delay:
+                        threading.Timer(delay, ex.provide, (bucket, flats[who.index][bucket],
+                                                            {f for f in flagged if f[0] == bucket})).start()
+                    else:
+                        ex.provide(bucket, flats[who.index][bucket], {f for f in flagged if f[0] == bucket})
+            results, res, _ = ex.finish()
+            out[actor], residuals[actor] = results, res
+        except BaseException as exc:
+            errors[actor] = exc
+
+    threads = [threading.Thread(target=go, args=(a,)) for a in plan.actors]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out, errors
+
+
+@pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", servers=2),
+                                dict(strategy="allgather")], ids=["ring", "ps", "ps-servers", "allgather"])
+@pytest.mark.parametrize("codec", ["none", "onebit", "topk:ratio=0.2"])
+def test_threads_over_a_hub_are_bit_identical_to_local_engine(kw, codec):
+    plan = casync.build_plan(SHAPES, workers=3, codec=codec, partitions=2, bucket_bytes=600, **kw)
+    reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
+    execs, residuals = executors(plan, hub), {a: {} for a in plan.actors}
+    for step in range(3):
+        flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
+        want = reference.run_flat(flats)
+        got, errors = run_step(plan, execs, residuals, step, flats, late=[plan.buckets[0].name], delay=0.05)
+        assert not errors
+        for w in range(3):
+            for bucket in want[w]:
+                assert np.array_equal(got[f"worker:{w}"][bucket], want[w][bucket])
+    assert {k: v for r in residuals.values() for k, v in r.items()}.keys() == reference.state.residuals.keys()
+
+
+def test_nan_and_inf_ride_the_side_channel_exactly():
+    plan = casync.build_plan(SHAPES, workers=3, codec="onebit", partitions=2, nonfinite="propagate")
+    grads = make_grads(SHAPES, 3)
+    grads[1]["w"][[3, 200]] = [np.nan, np.inf]
+    flats, _ = flatten_worker_grads(plan, grads)
+    want = casync.LocalEngine(plan).run_flat(flats)
+    hub = LocalHub(timeout_s=10)
+    got, errors = run_step(plan, executors(plan, hub), {a: {} for a in plan.actors}, 0, flats)
+    assert not errors
+    for w in range(3):
+        for bucket in want[w]:
+            np.testing.assert_array_equal(got[f"worker:{w}"][bucket], want[w][bucket])  # NaN == NaN here
+
+
+def test_a_missing_gradient_times_out_naming_what_it_waits_for():
+    plan = casync.build_plan(SHAPES, workers=2, codec="onebit")
+    hub = LocalHub(timeout_s=2)
+    execs = executors(plan, hub, timeout_s=1.0)
+    flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 2))
+    flats[1] = {}  # worker 1 never hands its gradient over
+    start = time.monotonic()
+    _, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
+    assert time.monotonic() - start < 10
+    assert isinstance(errors["worker:1"], SyncTimeoutError) and "gradients provided" in str(errors["worker:1"])
+    assert isinstance(errors["worker:0"], (SyncTimeoutError, SyncError))
+    assert "worker:1" in str(errors["worker:0"]) or "aborted" in str(errors["worker:0"])
+
+
+def test_actors_on_different_plans_fail_clearly_not_silently():
+    """A peer running another plan sends transfers this one does not expect: a named error, not a wrong sum."""
+    plan_a = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit", partitions=2)
+    plan_b = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit", partitions=4)
+    hub = LocalHub(timeout_s=3)
+    shares_a, shares_b = actor_shares(plan_a), actor_shares(plan_b)
+    parts_a = {b.name: list(b.partitions) for b in plan_a.buckets}
+    parts_b = {b.name: list(b.partitions) for b in plan_b.buckets}
+    execs = {"worker:0": RankExecutor(shares_a["worker:0"], plan_a.codecs, 0, parts_a, hub.channel("worker:0"), 3),
+             "worker:1": RankExecutor(shares_b["worker:1"], plan_b.codecs, 0, parts_b, hub.channel("worker:1"), 3)}
+    flats, _ = flatten_worker_grads(plan_a, make_grads(SHAPES, 2))
+    _, errors = run_step(plan_a, execs, {a: {} for a in plan_a.actors}, 0, flats)
+    assert errors
+    assert any("different plans" in str(e) or "bytes" in str(e) for e in errors.values())
+
+
+def test_a_step_cannot_begin_twice():
+    plan = casync.build_plan(SHAPES, workers=2, codec="onebit")
+    ex = executors(plan, LocalHub())["worker:0"]
+    ex.begin(0, {})
+    with pytest.raises(SyncError, match="still open"):
+        ex.begin(1, {})
