@@ -42,7 +42,7 @@ class Engine(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def timeline(self, step: int | None = None) -> list[dict[str, Any]]: ...
+    def timeline(self, step: int | None = None, relative: bool = True) -> list[dict[str, Any]]: ...
 
     def close(self) -> None: ...
 
@@ -75,11 +75,11 @@ class EngineBase:
         results = self.run_flat(flats)
         return SyncOutput(unflatten_results(self.plan, results, torch_flags), results.skipped, results.nonfinite)
 
-    def timeline(self, step: int | None = None) -> list[dict[str, Any]]:
+    def timeline(self, step: int | None = None, relative: bool = True) -> list[dict[str, Any]]:
         """Per-op records of recent steps (op, actor, bucket, part, start, end, nbytes, node, step, cpu), times in
-        seconds since the first record of the selection; ``cpu`` is the CPU seconds the executing thread spent
-        in the op (less than ``end - start`` when it waited for a core)."""
-        return self._timeline.rows(step)
+        seconds since the first record of the selection (``relative=False``: since the epoch); ``cpu`` is the
+        CPU seconds the executing thread spent in the op (less than ``end - start`` when it waited for a core)."""
+        return self._timeline.rows(step, relative)
 
     def clear_timeline(self) -> None:
         self._timeline.clear()

@@ -40,10 +40,11 @@ class TimelineBuffer:
         if self._rows and self._rows[0]["step"] <= oldest:
             self._rows = [r for r in self._rows if r["step"] > oldest]
 
-    def rows(self, step: int | None = None) -> list[dict[str, Any]]:
-        """Copies of the rows (of one step, or all kept), times relative to the first row's start."""
+    def rows(self, step: int | None = None, relative: bool = True) -> list[dict[str, Any]]:
+        """Copies of the rows (of one step, or all kept), times relative to the first row's start (or, with
+        ``relative=False``, seconds since the epoch as the actors' clocks read them)."""
         rows = [dict(r) for r in self._rows if step is None or r["step"] == step]
-        if rows:
+        if rows and relative:
             t0 = min(r["start"] for r in rows)
             for r in rows:
                 r["start"] -= t0
