@@ -76,7 +76,7 @@ def test_a_real_ray_engine_sync_is_fully_attributed(ray_local):
 
     plan = casync.build_plan("tiny", workers=3, strategy="ring", codec="onebit")
     flats, _ = flatten_worker_grads(plan, random_grads(plan))
-    with RayEngine(plan, timeout_s=60) as engine:
+    with RayEngine(plan, timeout_s=60, transport="objectstore") as engine:
         ids = {name: handle._actor_id.hex() for name, handle in engine.actors.items()}
         engine.run_flat(flats)
         t0 = time.time()
@@ -127,3 +127,23 @@ def test_cpu_sampler_reads_any_window_and_keeps_the_counters_of_a_process_that_e
     window = sampler.between(t0, t1)
     assert window["driver"] > 0 and window["outside"] >= 0 and window["idle"] >= 0
     assert sampler.at(t1)["child"] >= sampler.at(t0)["child"] >= 0  # no drop to zero when it exited
+
+
+def test_a_direct_data_plane_sync_is_fully_attributed(ray_local):
+    """On the direct data plane (one call per actor) each actor's span splits into the executor's categories."""
+    import casync
+    from casync.bench.measure import sync_span
+    from casync.engines.inputs import flatten_worker_grads, random_grads
+    from casync.runtime.ray_engine import RayEngine
+
+    plan = casync.build_plan("tiny", workers=3, strategy="ring", codec="onebit")
+    flats, _ = flatten_worker_grads(plan, random_grads(plan))
+    with RayEngine(plan, timeout_s=60, transport="direct") as engine:
+        engine.run_flat(flats)
+        rows = engine.timeline(engine.step - 1, relative=False)
+        result = rb.executor_breakdown(rows, engine.calls_per_step)
+    assert result["calls"] == 3 and result["span_s"] == pytest.approx(sync_span(rows))
+    for name, parts in result["per_actor"].items():
+        assert all(v >= 0 for v in parts.values()), (name, parts)
+        assert sum(parts.values()) == pytest.approx(result["span_s"], rel=1e-9)
+    assert result["mean"]["store"] == result["mean"]["delivery"] == 0  # nothing went through the object store
