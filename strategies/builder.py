@@ -112,15 +112,18 @@ class GraphBuilder:
         return recv
 
     def self_transfer(self, unit: Unit, part: int, payload: str, me: str, to: str, came_from: str, codec_of: str,
-                      stage: str) -> str:
+                      stage: str, round: int | None = None) -> str:
         """For symmetric templates: a send from ``me`` to ``to`` whose symmetric twin arrives at ``me`` from
-        ``came_from`` (both ops stay on ``me``; the send names the real peer, so the link is charged)."""
+        ``came_from`` (both ops stay on ``me``; the send names the real peer, so the link is charged).
+        ``round``: the send's place in a shifted exchange, as in the full plan (see :meth:`transfer`)."""
         key = self.graph.nodes[codec_of]["codec"]
         n = unit.partitions[part][1] - unit.partitions[part][0]
         wire = self.wire_nbytes(key, n)
         send = self.add(unit, part, me, "send", f"{stage}.to.{to}", nbytes=wire, peer=to, codec=key, stage=stage)
         recv = self.add(unit, part, me, "recv", f"{stage}.from.{came_from}", nbytes=wire, peer=came_from, codec=key,
                         stage=stage)
+        if round is not None:
+            self.graph.nodes[send]["round"] = round
         self.connect(payload, send)
         self.connect(send, recv)
         return recv

@@ -84,11 +84,35 @@ def effective_partitions(choice: BucketChoice, workers: int, numel: int) -> int:
     return max(1, min(default, -(-numel // MIN_PARTITION_NUMEL)))
 
 
-def _partitions(choice: BucketChoice, workers: int, numel: int, compact: bool) -> int:
+def _partitions(choice: BucketChoice, workers: int, numel: int, compact: bool, name: str = "") -> int:
     parts = effective_partitions(choice, workers, numel)
     if compact:
         parts = get_strategy(choice.strategy).compact_partitions(workers, parts, choice.partitions)
+        if parts > max(1, numel):
+            raise ValueError(f"bucket {name!r} has {numel} elements, too few for the {parts} partitions a compact "
+                             f"{choice.strategy} template needs (whole rotations of {workers} workers); fuse small "
+                             "tensors into larger buckets (bucket_bytes) or simulate the full plan")
     return parts
+
+
+def compact_is_exact(workers: int, groups: list[tuple[str, list[TensorSpec]]], choices: list[BucketChoice]) -> bool:
+    """Whether ``assemble_plan(..., compact=True)`` of these buckets stands for exactly the plan
+    ``compact=False`` builds: every strategy has a template for its configuration and no bucket's partitions
+    had to be rounded up to whole rotations.  Simulated on a cluster where workers are interchangeable
+    (``ClusterModel.asymmetry``), such a template gives the full plan's iteration time."""
+    for (name, group), choice in zip(groups, choices):
+        strategy = get_strategy(choice.strategy)
+        servers = choice.servers if strategy.takes_servers else None
+        if not strategy.has_compact(servers):
+            return False
+        numel = sum(s.numel for s in group)
+        full = len(split_even(numel, _partitions(choice, workers, numel, False)))
+        try:
+            if _partitions(choice, workers, numel, True, name) != full:
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
@@ -97,15 +121,19 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
     """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point).
 
     ``compact=True`` expands symmetric templates (one representative worker, see ``Strategy.expand_compact``):
-    O(N) ops per bucket instead of O(N^2), for simulating large clusters; engines refuse such plans.
+    O(N) ops per bucket instead of O(N^2), for simulating large clusters; engines refuse such plans.  Ring and
+    PS templates need whole rotations, so their partitions are rounded up to a multiple of N (the buckets
+    record what was used; :func:`compact_is_exact` says whether that changed anything), and a bucket with
+    fewer elements than that is an error.  A strategy without an exact template for its configuration
+    (PS with dedicated servers) raises ValueError rather than approximate.
     """
     if len(choices) != len(groups):
         raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
     total = 0
-    for (_, group), c in zip(groups, choices):
+    for (name, group), c in zip(groups, choices):
         strategy = get_strategy(c.strategy)
-        parts = len(split_even(sum(s.numel for s in group), _partitions(c, workers, sum(s.numel for s in group),
-                                                                         compact)))
+        numel = sum(s.numel for s in group)
+        parts = len(split_even(numel, _partitions(c, workers, numel, compact, name)))
         servers = c.servers if strategy.takes_servers else None
         total += strategy.compact_op_count(workers, parts) if compact else strategy.op_count(workers, parts, servers)
     if total > MAX_PLAN_OPS:
@@ -122,7 +150,7 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
             offset += spec.numel
         servers = choice.servers if strategy.takes_servers else None
         bucket = Bucket(name=name, members=members, strategy=choice.strategy, codec=choice.codec,
-                        partitions=split_even(offset, _partitions(choice, workers, offset, compact)),
+                        partitions=split_even(offset, _partitions(choice, workers, offset, compact, name)),
                         priority=index, two_way=choice.two_way, servers=servers, error_feedback=error_feedback,
                         note=choice.note)
         buckets.append(bucket)

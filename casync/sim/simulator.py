@@ -69,6 +69,9 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     capacity = cluster.nodes * cluster.workers_per_node
     if capacity < plan.workers:
         raise ValueError(f"cluster has room for {capacity} workers (nodes x workers_per_node), plan has {plan.workers}")
+    if plan.compact and cluster.asymmetry(plan.workers):
+        raise ValueError(f"a compact template simulates one worker for all {plan.workers}, but on this cluster "
+                         f"they are not interchangeable ({cluster.asymmetry(plan.workers)}); simulate the full plan")
     profile = profile or Profile.default()
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a casync.Profile (Profile.load(path) reads a file), got {type(profile).__name__}")
@@ -84,7 +87,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     n_ops, n_actors = len(table), len(table.actors)
     kind, actor_of, bucket_of, priority, round_attr, rank, hop = (table.kind, table.actor, table.bucket,
                                                                    table.priority, table.round, table.rank, table.hop)
-    succ, nbytes, peer = table.succ, table.nbytes, table.peer
+    succ, nbytes, charge, peer = table.succ, table.nbytes, table.charge, table.peer
     duration_of = table.durations(profile)
     node_of = [cluster.node_of(a) for a in table.actors]
 
@@ -163,7 +166,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             sender[recv] = n
             dst = peer[n]
             same = node_of[actor] == node_of[dst]
-            size = nbytes[n]
+            size = charge[n]  # its bucket's largest partition's bytes (see casync.sim.optable)
             costs = link_memo.get((size, same))
             if costs is None:
                 costs = link_memo[(size, same)] = profile.link_s(size, same, cluster)
@@ -175,7 +178,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             elif wire > 0:
                 lanes, duration, wire = nic, wire, 0.0
             if not same:
-                link_bytes[(table.actors[actor], table.actors[dst])] += size
+                link_bytes[(table.actors[actor], table.actors[dst])] += nbytes[n]
         elif k != RECV:
             lanes = compute_lanes(actor)
             duration = duration_of[n]
