@@ -11,6 +11,7 @@ from typing import Any
 
 import networkx as nx
 
+from primitives import feedback
 from primitives.codecs import Codec, get_codec
 from strategies import GraphBuilder, Unit, get_strategy
 
@@ -116,7 +117,7 @@ def compact_is_exact(workers: int, groups: list[tuple[str, list[TensorSpec]]], c
 
 
 def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
-                  choices: list[BucketChoice], *, error_feedback: bool = True, op: str = "mean",
+                  choices: list[BucketChoice], *, error_feedback: feedback.ErrorFeedback = "auto", op: str = "mean",
                   options: dict[str, Any] | None = None, compact: bool = False) -> SyncPlan:
     """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point).
 
@@ -126,6 +127,9 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
     record what was used; :func:`compact_is_exact` says whether that changed anything), and a bucket with
     fewer elements than that is an error.  A strategy without an exact template for its configuration
     (PS with dedicated servers) raises ValueError rather than approximate.
+
+    ``error_feedback`` (``"auto"``, True or False) is resolved per bucket by :func:`primitives.feedback.resolve`
+    (each bucket records the result); the plan's options keep what was asked.
     """
     if len(choices) != len(groups):
         raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
@@ -149,13 +153,14 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
             members.append(Member(spec, offset))
             offset += spec.numel
         servers = choice.servers if strategy.takes_servers else None
+        ef = feedback.resolve(choice.codec, error_feedback)
         bucket = Bucket(name=name, members=members, strategy=choice.strategy, codec=choice.codec,
                         partitions=split_even(offset, _partitions(choice, workers, offset, compact, name)),
-                        priority=index, two_way=choice.two_way, servers=servers, error_feedback=error_feedback,
+                        priority=index, two_way=choice.two_way, servers=servers, error_feedback=ef,
                         note=choice.note)
         buckets.append(bucket)
         unit = Unit(bucket=name, partitions=tuple(bucket.partitions), workers=workers, codec=choice.codec,
-                    error_feedback=error_feedback, divisor=workers if op == "mean" else 1, priority=index,
+                    error_feedback=ef, divisor=workers if op == "mean" else 1, priority=index,
                     servers=servers, two_way=choice.two_way)
         (strategy.expand_compact if compact else strategy.expand)(builder, unit)
     plan = SyncPlan(graph=builder.graph, tensors=list(specs), buckets=buckets, workers=workers,

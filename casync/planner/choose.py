@@ -16,6 +16,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from primitives import feedback
+
 from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan
 from ..plan.checks import check_bool, check_int, check_op
 from ..plan.syncplan import SyncPlan
@@ -50,7 +52,7 @@ REFINE_OPTIONS = 8
 def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = None, profile: Profile | None = None,
                 strategies: Any = "auto", codecs: Any = "auto", partitions: Any = "auto",
                 ready_times: Mapping[str, float] | None = None, *, two_way: bool = True,
-                error_feedback: bool = True, op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
+                error_feedback: bool | str = "auto", op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
                 sim_budget_ops: int = DEFAULT_SIM_BUDGET_OPS, options: Mapping[str, Any] | None = None) -> SyncPlan:
     """Choose strategy, codec and partitions per bucket for ``workers`` on ``cluster``; returns the plan.
 
@@ -85,12 +87,12 @@ def _gc_paused() -> Iterator[None]:
 
 def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profile: Profile | None, strategies: Any,
                  codecs: Any, partitions: Any, ready_times: Mapping[str, float] | None, *, two_way: bool,
-                 error_feedback: bool, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
+                 error_feedback: bool | str, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
                  options: Mapping[str, Any] | None) -> SyncPlan:
     started = time.perf_counter()
     check_int("workers", workers, 1)
     check_bool("two_way", two_way)
-    check_bool("error_feedback", error_feedback)
+    feedback.check(error_feedback)
     check_op(op)
     check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
     check_int("seed", seed, 0)
@@ -108,6 +110,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a casync.sim.costmodel.Profile, got {type(profile).__name__}")
     for c in codec_objs:
+        feedback.resolve(c, error_feedback)  # an explicit True on a codec without sound error feedback is refused
         try:
             profile.encode_s(str(c), 1)
             profile.decode_s(str(c), 1)

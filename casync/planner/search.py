@@ -54,7 +54,7 @@ class Planner:
 
     def __init__(self, specs: list[TensorSpec], workers: int, cluster: ClusterModel, profile: Profile, *,
                  strategies: Sequence[str], codecs: Sequence[Codec], partitions: Any, bucket_bytes: int,
-                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool, op: str = "mean"):
+                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool | str, op: str = "mean"):
         self.specs = specs
         self.workers = workers
         self.cluster = cluster
