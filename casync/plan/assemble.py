@@ -13,10 +13,11 @@ import networkx as nx
 
 from primitives import feedback
 from primitives.codecs import Codec, get_codec
-from strategies import GraphBuilder, Unit, get_strategy
+from strategies import Unit, get_strategy
 
 from .lint import lint
 from .specs import Bucket, Member, TensorSpec, split_even
+from .stamp import Graph, Template, gc_paused
 from .syncplan import SyncPlan
 
 DEFAULT_BUCKET_BYTES = 25 << 20  # 25 MiB, DDP's bucket_cap_mb: fewer, larger buckets win (ResNet-50: 5 buckets,
@@ -144,8 +145,18 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
         raise ValueError(f"this plan would have about {total:,} ops ({workers} workers, {len(groups)} buckets), more "
                          f"than the {MAX_PLAN_OPS:,} casync builds; use fewer partitions or workers, or "
                          "assemble_plan(..., compact=True) to simulate a large cluster")
-    builder = GraphBuilder(nx.DiGraph())
+    with gc_paused():
+        return _assemble(specs, workers, groups, choices, error_feedback, op, options, compact)
+
+
+def _assemble(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
+              choices: list[BucketChoice], error_feedback: feedback.ErrorFeedback, op: str,
+              options: dict[str, Any] | None, compact: bool) -> SyncPlan:
+    out = Graph()
+    codecs: dict[str, Codec] = {}
+    templates: dict[tuple, Template] = {}
     buckets: list[Bucket] = []
+    divisor = workers if op == "mean" else 1
     for index, ((name, group), choice) in enumerate(zip(groups, choices)):
         strategy = get_strategy(choice.strategy)
         members, offset = [], 0
@@ -159,12 +170,21 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
                         priority=index, two_way=choice.two_way, servers=servers, error_feedback=ef,
                         note=choice.note)
         buckets.append(bucket)
-        unit = Unit(bucket=name, partitions=tuple(bucket.partitions), workers=workers, codec=choice.codec,
-                    error_feedback=ef, divisor=workers if op == "mean" else 1, priority=index,
-                    servers=servers, two_way=choice.two_way)
-        (strategy.expand_compact if compact else strategy.expand)(builder, unit)
-    plan = SyncPlan(graph=builder.graph, tensors=list(specs), buckets=buckets, workers=workers,
-                    codecs=builder.codecs, options=dict(options or {}, workers=workers, op=op,
-                                                        error_feedback=error_feedback), compact=compact)
-    lint(plan, attrs=False)  # the builder types every attribute; structure, codecs and outputs are checked
+        parts = tuple(bucket.partitions)
+        # buckets of one structure share a template: built (and linted) once, stamped for each of them
+        key = (choice.strategy, str(choice.codec), len(parts), choice.two_way, servers, ef, compact)
+        template = templates.get(key)
+        if template is None or not template.fits(name, parts):
+            unit = Unit(bucket=name, partitions=parts, workers=workers, codec=choice.codec, error_feedback=ef,
+                        divisor=divisor, priority=index, servers=servers, two_way=choice.two_way)
+            template = Template.build(strategy.expand_compact if compact else strategy.expand, unit)
+            alone = SyncPlan(graph=template.graph(), tensors=list(group), buckets=[bucket], workers=workers,
+                             codecs=template.codecs, compact=compact)
+            lint(alone, attrs=False)  # the builder types every attribute; structure, codecs and outputs are checked
+            templates[key] = template
+        template.stamp(out, name, index, parts)
+        codecs.update(template.codecs)
+    plan = SyncPlan(graph=out.into(nx.DiGraph()), tensors=list(specs), buckets=buckets, workers=workers,
+                    codecs=codecs, options=dict(options or {}, workers=workers, op=op,
+                                                error_feedback=error_feedback), compact=compact)
     return plan

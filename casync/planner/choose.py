@@ -8,11 +8,9 @@ Small plans are refined bucket by bucket with the simulator.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -20,6 +18,7 @@ from primitives import feedback
 
 from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan
 from ..plan.checks import check_bool, check_int, check_op
+from ..plan.stamp import gc_paused
 from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
 from ..sim.costmodel import ClusterModel, Profile
@@ -66,23 +65,10 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     Every bucket's ``note`` says why it got its option; ``plan.options["planner"]`` holds the estimated
     and simulated iteration times and which candidate plan won.
     """
-    with _gc_paused():
+    with gc_paused():
         return _choose_plan(tensors, workers, cluster, profile, strategies, codecs, partitions, ready_times,
                             two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
                             seed=seed, sim_budget_ops=sim_budget_ops, options=options)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while planning: candidate plans allocate hundreds of thousands of small,
-    acyclic objects, and the collector's passes over them took a quarter of the planning time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profile: Profile | None, strategies: Any,
