@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 
 from primitives import feedback
 from primitives.codecs import Codec, get_codec
@@ -36,6 +35,13 @@ class BucketChoice:
     two_way: bool = True
     servers: int | None = None
     note: str = ""
+
+
+def structure_key(workers: int, divisor: int, choice: BucketChoice, parts: int, servers: int | None, ef: bool,
+                  compact: bool) -> tuple:
+    """What a bucket's sub-graph depends on besides its name and partition sizes: buckets with the same key
+    share one template (:mod:`casync.plan.stamp`)."""
+    return (workers, divisor, choice.strategy, str(choice.codec), parts, choice.two_way, servers, ef, compact)
 
 
 def make_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[TensorSpec]]:
@@ -97,6 +103,12 @@ def _partitions(choice: BucketChoice, workers: int, numel: int, compact: bool, n
     return parts
 
 
+def bucket_partitions(choice: BucketChoice, workers: int, numel: int, compact: bool = False,
+                      name: str = "") -> list[tuple[int, int]]:
+    """The partitions ``assemble_plan`` gives a bucket of ``numel`` elements with this choice."""
+    return split_even(numel, _partitions(choice, workers, numel, compact, name))
+
+
 def compact_is_exact(workers: int, groups: list[tuple[str, list[TensorSpec]]], choices: list[BucketChoice]) -> bool:
     """Whether ``assemble_plan(..., compact=True)`` of these buckets stands for exactly the plan
     ``compact=False`` builds: every strategy has a template for its configuration and no bucket's partitions
@@ -119,7 +131,8 @@ def compact_is_exact(workers: int, groups: list[tuple[str, list[TensorSpec]]], c
 
 def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
                   choices: list[BucketChoice], *, error_feedback: feedback.ErrorFeedback = "auto", op: str = "mean",
-                  options: dict[str, Any] | None = None, compact: bool = False) -> SyncPlan:
+                  options: dict[str, Any] | None = None, compact: bool = False,
+                  templates: dict[tuple, Template] | None = None) -> SyncPlan:
     """Expand every bucket with its own :class:`BucketChoice` into one plan graph (the planner's entry point).
 
     ``compact=True`` expands symmetric templates (one representative worker, see ``Strategy.expand_compact``):
@@ -131,6 +144,9 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
 
     ``error_feedback`` (``"auto"``, True or False) is resolved per bucket by :func:`primitives.feedback.resolve`
     (each bucket records the result); the plan's options keep what was asked.
+
+    Buckets of one structure (strategy, codec, partition count, ...) are expanded once and stamped
+    (:mod:`casync.plan.stamp`); ``templates`` is a cache of those shared between calls (the planner's).
     """
     if len(choices) != len(groups):
         raise ValueError(f"{len(choices)} choices for {len(groups)} buckets")
@@ -146,15 +162,15 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
                          f"than the {MAX_PLAN_OPS:,} casync builds; use fewer partitions or workers, or "
                          "assemble_plan(..., compact=True) to simulate a large cluster")
     with gc_paused():
-        return _assemble(specs, workers, groups, choices, error_feedback, op, options, compact)
+        return _assemble(specs, workers, groups, choices, error_feedback, op, options, compact,
+                         {} if templates is None else templates)
 
 
 def _assemble(specs: list[TensorSpec], workers: int, groups: list[tuple[str, list[TensorSpec]]],
               choices: list[BucketChoice], error_feedback: feedback.ErrorFeedback, op: str,
-              options: dict[str, Any] | None, compact: bool) -> SyncPlan:
+              options: dict[str, Any] | None, compact: bool, templates: dict[tuple, Template]) -> SyncPlan:
     out = Graph()
     codecs: dict[str, Codec] = {}
-    templates: dict[tuple, Template] = {}
     buckets: list[Bucket] = []
     divisor = workers if op == "mean" else 1
     for index, ((name, group), choice) in enumerate(zip(groups, choices)):
@@ -172,7 +188,7 @@ def _assemble(specs: list[TensorSpec], workers: int, groups: list[tuple[str, lis
         buckets.append(bucket)
         parts = tuple(bucket.partitions)
         # buckets of one structure share a template: built (and linted) once, stamped for each of them
-        key = (choice.strategy, str(choice.codec), len(parts), choice.two_way, servers, ef, compact)
+        key = structure_key(workers, divisor, choice, len(parts), servers, ef, compact)
         template = templates.get(key)
         if template is None or not template.fits(name, parts):
             unit = Unit(bucket=name, partitions=parts, workers=workers, codec=choice.codec, error_feedback=ef,
@@ -184,7 +200,7 @@ def _assemble(specs: list[TensorSpec], workers: int, groups: list[tuple[str, lis
             templates[key] = template
         template.stamp(out, name, index, parts)
         codecs.update(template.codecs)
-    plan = SyncPlan(graph=out.into(nx.DiGraph()), tensors=list(specs), buckets=buckets, workers=workers,
+    plan = SyncPlan(graph=out.graph, tensors=list(specs), buckets=buckets, workers=workers,
                     codecs=codecs, options=dict(options or {}, workers=workers, op=op,
                                                 error_feedback=error_feedback), compact=compact)
     return plan

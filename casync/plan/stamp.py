@@ -74,13 +74,25 @@ class Template:
         """Whether :meth:`stamp` can make bucket ``name`` with ``partitions`` from this template."""
         return (name == self.bucket or self.renamable) and (tuple(partitions) == self.partitions or self.resizable)
 
+    def sizes(self, partitions: tuple[tuple[int, int], ...]) -> tuple[list[int], list[int]]:
+        """Per node, in order: elements and bytes for a bucket with ``partitions`` (a resizable template)."""
+        if tuple(partitions) == self.partitions:
+            return [a["numel"] for a in self.attrs], [a["nbytes"] for a in self.attrs]
+        if not self.resizable:
+            raise ValueError(f"the template of bucket {self.bucket!r} cannot be resized")
+        numel, nbytes = [], []
+        for a, (mult, codec) in zip(self.attrs, self.rules):
+            start, stop = partitions[a["part"]]
+            n = stop - start
+            numel.append(n)
+            nbytes.append(4 * n * mult if mult >= 0 else self.codecs[codec].compressed_nbytes(n))
+        return numel, nbytes
+
     def graph(self) -> nx.DiGraph:
         """The template itself as a graph (for linting it once)."""
-        g = nx.DiGraph()
         out = Graph()
         self.stamp(out, self.bucket, self.attrs[0]["priority"] if self.attrs else 0, self.partitions)
-        out.into(g)
-        return g
+        return out.graph
 
     def stamp(self, out: "Graph", name: str, priority: int, partitions: tuple[tuple[int, int], ...]) -> None:
         """Append this sub-graph for bucket ``name`` (its ``priority`` and ``partitions``) to ``out``."""
@@ -115,13 +127,13 @@ class Template:
                              "bucket's node ids another's")
         data = [{"slot": s} for s in plan.slots]  # one data dict per edge, shared by both directions
         # (most ops have one successor and one predecessor: those take the short form)
-        succ.update({u: {names[j]: data[lo]} if j >= 0 else
-                     (dict(zip([names[k] for k in js], data[lo:lo + len(js)])) if js else {})
-                     for u, j, js, lo in zip(names, plan.succ_one, plan.succ_idx, plan.succ_at)})
-        pred.update({v: {names[i]: data[e]} if i >= 0 else
-                     (dict(zip([names[k] for k in us], [data[x] for x in es])) if us else {})
-                     for v, i, us, e, es in zip(names, plan.pred_one, plan.pred_idx, plan.pred_first,
-                                                plan.pred_edge)})
+        succ.update(zip(names, [{names[j]: data[lo]} if j >= 0 else
+                                (dict(zip([names[k] for k in js], data[lo:lo + len(js)])) if js else {})
+                                for j, js, lo in zip(plan.succ_one, plan.succ_idx, plan.succ_at)]))
+        pred.update(zip(names, [{names[i]: data[e]} if i >= 0 else
+                                (dict(zip([names[k] for k in us], [data[x] for x in es])) if us else {})
+                                for i, us, e, es in zip(plan.pred_one, plan.pred_idx, plan.pred_first,
+                                                        plan.pred_edge)]))
 
     def _plan(self) -> "_Stamp":
         """What :meth:`stamp` precomputes once per template: size kinds, encodes, edges in index form."""
@@ -178,22 +190,17 @@ def _size_rule(builder: GraphBuilder, a: dict[str, Any]) -> tuple[int, Any] | No
 
 
 class Graph:
-    """A plan graph under construction as plain dictionaries (node attributes, successors, predecessors)."""
+    """A plan graph under construction: the dictionaries of a ``networkx.DiGraph`` (node attributes,
+    successors, predecessors), written directly — what ``add_node`` / ``add_edge`` would store: one attribute
+    dict per node, one data dict per edge shared by both directions."""
 
-    def __init__(self) -> None:
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.succ: dict[str, dict[str, dict[str, int]]] = {}
-        self.pred: dict[str, dict[str, dict[str, int]]] = {}
-
-    def into(self, graph: nx.DiGraph) -> nx.DiGraph:
-        """Fill an empty ``networkx.DiGraph`` with these nodes and edges (what ``add_node`` / ``add_edge``
-        would store: one attribute dict per node, one data dict per edge shared by both directions)."""
-        if len(graph):
-            raise ValueError("Graph.into needs an empty graph")
-        graph._node.update(self.nodes)
-        graph._succ.update(self.succ)  # networkx's _adj is the same dict as _succ
-        graph._pred.update(self.pred)
-        return graph
+    def __init__(self, graph: nx.DiGraph | None = None) -> None:
+        self.graph = nx.DiGraph() if graph is None else graph
+        if len(self.graph):
+            raise ValueError("Graph needs an empty networkx.DiGraph")
+        self.nodes: dict[str, dict[str, Any]] = self.graph._node
+        self.succ: dict[str, dict[str, dict[str, int]]] = self.graph._succ  # networkx's _adj is this dict too
+        self.pred: dict[str, dict[str, dict[str, int]]] = self.graph._pred
 
 
 @contextlib.contextmanager

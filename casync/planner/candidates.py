@@ -19,15 +19,24 @@ def default_strategies() -> tuple[str, ...]:
 
 def partition_candidates(strategy: str, workers: int, numel: int, partitions: Any) -> list[int]:
     """Partition counts to try for a bucket: the default, the given count, or (``"auto"``) the strategy's
-    candidates that keep parts at least ``MIN_PARTITION_NUMEL`` elements (HiPress's partitioning rule)."""
+    candidates that keep parts at least ``MIN_PARTITION_NUMEL`` elements (HiPress's partitioning rule).
+
+    A bucket large enough to give every worker a partition is cut in whole rotations only where the strategy
+    has a symmetric template (ring and PS: N or 2N partitions, never fewer): with fewer, some workers have no
+    chunk to reduce or host and their links idle, and whole rotations are what the planner can simulate as
+    a compact template, exactly and in O(N) ops."""
     default = effective_partitions(BucketChoice(strategy=strategy), workers, numel)
     if partitions is None:
         return [default]
     if partitions != "auto":
         return [int(partitions)]
     cap = max(1, -(-numel // MIN_PARTITION_NUMEL))
-    wanted = get_strategy(strategy).partition_candidates(workers)
-    return sorted({default} | {k for k in wanted if 1 <= k <= cap})
+    s = get_strategy(strategy)
+    found = {default} | {k for k in s.partition_candidates(workers) if 1 <= k <= cap}
+    if s.has_compact(None) and cap >= workers:
+        whole = {k for k in found if s.compact_partitions(workers, k, k) == k}
+        found = whole or found
+    return sorted(found)
 
 
 def normalize_strategies(strategies: Any) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ representative worker, ``Strategy.expand_compact``) simulates exactly as its ful
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import networkx as nx
@@ -49,6 +49,7 @@ class OpTable:
     hop: list[int]  # send -> recv edges on the longest path in (``casync.schedule``): with actor and bucket, its task
     nbytes: list[int]  # exact bytes the op reads (compute) or moves (send/recv)
     charge: list[int]  # send: the bytes its link is charged for (its bucket's largest partition); 0 otherwise
+    payload: list[Any]  # send: the codec key of its payload (sends of one codec are charged alike); None otherwise
     peer: list[int]  # send: the receiving actor; -1 otherwise
     succ: list[list[int]]
     npred: list[int]
@@ -68,7 +69,8 @@ class OpTable:
         actors: dict[str, int] = {}
         buckets: dict[str, int] = {}
         t = cls(names=list(index), kind=[], actor=[], bucket=[], part=[], priority=[], round=[], hop=[], nbytes=[],
-                charge=[], peer=[], succ=[], npred=[], rank=[0] * len(index), cost=[], actors=[], buckets=[])
+                charge=[], payload=[], peer=[], succ=[], npred=[], rank=[0] * len(index), cost=[], actors=[],
+                buckets=[])
         largest: dict[str, int] = {}  # bucket -> elements of its largest partition
         widest: dict[tuple[str, str], int] = {}  # (bucket, codec) -> bytes of its largest send
         for _, a in graph.nodes(data=True):
@@ -91,6 +93,7 @@ class OpTable:
             t.round.append(a.get("round", 0))
             t.nbytes.append(a["nbytes"])
             t.charge.append(widest[(a["bucket"], a["codec"])] if kind == SEND else 0)
+            t.payload.append(a["codec"] if kind == SEND else None)
             t.peer.append(actors.setdefault(a["peer"], len(actors)) if kind == SEND else -1)
             t.succ.append([index[s] for s in graph._succ[n]])
             inputs = len(pred[n])
@@ -121,7 +124,7 @@ class OpTable:
         """
         actors: dict[str, int] = {}
         t = cls(names=[], kind=[], actor=[], bucket=[], part=[], priority=[], round=[], hop=[], nbytes=[], charge=[],
-                peer=[], succ=[], npred=[], rank=[], cost=[], actors=[], buckets=[])
+                payload=[], peer=[], succ=[], npred=[], rank=[], cost=[], actors=[], buckets=[])
         priorities = [p for _, _, p in parts]
         if len(set(priorities)) != len(priorities):
             raise ValueError("OpTable.concat needs a distinct priority per bucket (ties are broken by name)")
@@ -141,6 +144,7 @@ class OpTable:
             t.hop += frag.hop
             t.nbytes += frag.nbytes
             t.charge += frag.charge
+            t.payload += frag.payload
             t.peer += [amap[p] if p >= 0 else -1 for p in frag.peer]
             t.succ += [[s + offset for s in ss] for ss in frag.succ]
             t.npred += frag.npred
@@ -153,6 +157,20 @@ class OpTable:
                 if all(frag._durations.get(key, (None,))[0] is profile for frag, _, _ in parts):
                     t._durations[key] = (profile, [d for frag, _, _ in parts for d in frag._durations[key][1]])
         return t
+
+    def resized(self, numel: Sequence[int], nbytes: Sequence[int]) -> "OpTable":
+        """This one-bucket table with other partition sizes (``numel`` and ``nbytes`` per op, in row order): the
+        same structure, its costs charged as in :meth:`from_graph`."""
+        if len(self.buckets) != 1 or len(numel) != len(self) or len(nbytes) != len(self):
+            raise ValueError("OpTable.resized needs a one-bucket table and one size per op")
+        largest = max(numel, default=0)
+        widest: dict[Any, int] = {}
+        for k, key, b in zip(self.kind, self.payload, nbytes):
+            if k == SEND and b > widest.get(key, -1):
+                widest[key] = b
+        return replace(self, nbytes=list(nbytes),
+                       charge=[widest[key] if k == SEND else 0 for k, key in zip(self.kind, self.payload)],
+                       cost=[None if c is None else (c[0], largest, c[2], c[3]) for c in self.cost], _durations={})
 
     def durations(self, profile: Any) -> list[float]:
         """Seconds of compute per op under ``profile`` (0 for sends and recvs), cached per profile."""
