@@ -26,7 +26,7 @@ from ..sim.costmodel import ClusterModel, Profile
 from ..sim.simulator import run_table
 from .candidates import normalize_codecs, normalize_partitions, normalize_strategies
 from .search import Planner, min_gain
-from .selective import regularize
+from .selective import regularize, trim
 
 #: Real-simulator budget of a planning call, in plan ops simulated (about 3 us each on the 2-core development
 #: machine, fragments and gluing included); compact templates count their own (few) ops.
@@ -47,6 +47,9 @@ FIXED_RECHECK_SLACK = 0.05
 #: Uniform plans (best estimated first) that start the selective rule, and those that also start the greedy.
 START_UNIFORM = 3
 GREEDY_UNIFORM = 1
+#: With all gradients ready together and more buckets than this, the greedy (quadratic in buckets) is left
+#: out: the selective rule decides per size, from each bucket's best option and the best uniform plans.
+GREEDY_MAX_BUCKETS = 48
 
 
 def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = None, profile: Profile | None = None,
@@ -126,8 +129,10 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
     # selective-compression rule
     base_plans = [a for (s, c, r), a in scored if c == str(planner.base_codec)]
     starts = [planner.isolated_best()] + [a for _, a in scored[:START_UNIFORM]]
-    greedy = [planner.greedy(base_plans[0], skip_hidden=True)] + [planner.greedy(a, skip_hidden=False)
-                                                                   for _, a in scored[:GREEDY_UNIFORM]]
+    greedy = []
+    if not planner.monotone or len(planner.buckets) <= GREEDY_MAX_BUCKETS:
+        greedy = [planner.greedy(base_plans[0], skip_hidden=True)] + [planner.greedy(a, skip_hidden=False)
+                                                                       for _, a in scored[:GREEDY_UNIFORM]]
     candidates: list[list[int]] = []
     for a in starts + greedy:
         for r in regularize(planner, a):
@@ -183,12 +188,22 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
 
     # 4. the plan: no slower in simulation than the best fixed plan simulated, within min_gain of the fastest,
     # and of those the one that compresses least (ties go to no compression)
+    plain_time = None  # simulated time of the chosen plan without compression, where the rule measured it
     if simulated:
         fastest = min(t for t, _, _ in simulated)
         fixed_best = min([t for t, label, _ in simulated if label.startswith("uniform")], default=float("inf"))
         limit = min(fixed_best, fastest + min_gain(fastest))
         allowed = [x for x in simulated if x[0] <= limit]
         sim_time, winner, best = min(allowed, key=lambda x: (planner.compressed(x[2]), x[0]))
+        if planner.monotone and planner.compressed(best):
+            # fewer sizes compressed, by the simulator: the estimate can misjudge small buckets
+            trimmed = trim(planner, best, run, limit)
+            if trimmed is not None:
+                plain_time = trimmed[2]
+                if trimmed[0] != best:
+                    best, sim_time = trimmed[0], trimmed[1]
+                    winner = f"{winner}, smaller sizes uncompressed"
+                    simulated.append((sim_time, winner, best))
     else:
         sim_time, winner = None, "planner"
 
@@ -196,7 +211,13 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
     candidates_info = [dict(plan=label, estimated_s=planner.estimate(a)[0], simulated_s=t)
                        for t, label, a in sorted(simulated, key=lambda x: x[0])]
     notes = planner.notes(best)
-    if winner.startswith("uniform") and sim_time is not None:
+    if plain_time is not None and sim_time is not None:
+        cut = min(b.numel for b, j in zip(planner.buckets, best) if j not in b.baseline)
+        why = (f"compressing the buckets of {cut:,} elements and more simulated {(plain_time - sim_time) * 1e3:.1f} ms "
+               "faster than compressing none")
+        notes = [f"{note}; {why}" if j not in b.baseline or b.numel < cut else note
+                 for note, b, j in zip(notes, planner.buckets, best)]
+    elif winner.startswith("uniform") and sim_time is not None:
         # a fixed choice won in simulation: the per-bucket estimates alone would not have picked it, say so
         mix = min((t for t, label, _ in simulated if label == "planner"), default=None)
         why = (f"{winner.split(' ', 1)[1]} for every bucket simulated fastest ({sim_time * 1e3:.1f} ms"

@@ -208,14 +208,20 @@ class Planner:
         return assign
 
     def notes(self, assign: list[int]) -> list[str]:
-        """Why each bucket has its option: the predicted gain against the best baseline-codec option."""
+        """Why each bucket has its option: the predicted gain against the best baseline-codec option.  With all
+        gradients ready together, buckets of one size and option share the note of the first of them (the
+        rule decides per size; evaluating every bucket's alternatives would cost quadratic time)."""
         costs = self.costs_of(assign)
         end, total, fins, states = self.run(assign)
         out = []
         base_name = str(self.base_codec)
         verb = "compressing" if base_name == "none" else "another codec"
+        shared: dict[tuple[int, Option], str] = {}
         for b, bucket in enumerate(self.buckets):
             opt = bucket.options[assign[b]]
+            if self.monotone and (bucket.numel, opt) in shared:
+                out.append(shared[(bucket.numel, opt)])
+                continue
             ends, _ = self.timeline.batch(states, b, bucket.stack, costs)
             others = [j for j in range(len(bucket.options)) if j not in bucket.baseline]
             slack = self.hidden(b, fins)
@@ -247,8 +253,9 @@ class Planner:
                     if slack is not None:
                         note += " (hidden in bubble)"
                     elif self.monotone and gain < min_gain(end):
-                        note += " (compressed with every larger bucket: the size threshold gains together)"
+                        note += " by estimate (compressed with every larger bucket: the size rule)"
                     out.append(note)
+            shared[(bucket.numel, opt)] = out[-1]
         return out
 
     def _never_pays(self, bucket: PlanBucket) -> bool:

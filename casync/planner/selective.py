@@ -20,7 +20,7 @@ is ready) gains nothing from compression and may stay uncompressed whatever its 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
     from .search import Planner
@@ -38,6 +38,37 @@ def regularize(planner: Planner, assign: Sequence[int]) -> list[list[int]]:
     else:
         variants = [planner.simplify(list(assign)), planner.simplify(list(assign), strict=True)]
     return variants if variants[0] != variants[1] else variants[:1]
+
+
+def trim(planner: Planner, assign: Sequence[int], run: Callable[[list[int]], float | None],
+         limit: float) -> tuple[list[int], float, float] | None:
+    """The least-compressed size threshold of ``assign`` that the simulator (``run``) puts within ``limit``:
+    for k = 0, 1, 2, ... the plan that compresses only the buckets of the k largest sizes ``assign``
+    compresses (the others uncompressed with the same strategy and partitions), first one found.  Where the
+    estimate misjudges small buckets, this is how they stay uncompressed.  Returns (plan, its simulated
+    time, the simulated time without compression), or None if no smaller threshold passes (or the budget
+    runs out)."""
+    packed = sorted({planner.buckets[b].numel for b, j in enumerate(assign) if j not in planner.buckets[b].baseline},
+                    reverse=True)
+    for k in range(len(packed)):
+        cut = packed[k - 1] if k else None
+        trial = []
+        for b, j in enumerate(assign):
+            bucket = planner.buckets[b]
+            if j in bucket.baseline or (cut is not None and bucket.numel >= cut):
+                trial.append(j)
+            else:
+                o = bucket.options[j]
+                trial.append(planner.option(b, o.strategy, planner.base_codec, o.partitions))
+        trial = monotone_partitions(planner, trial)
+        t = run(trial)
+        if t is None:
+            return None
+        if not k:
+            plain = t
+        if t <= limit:
+            return trial, t, plain
+    return None
 
 
 def monotone_partitions(planner: Planner, assign: Sequence[int]) -> list[int]:
