@@ -197,6 +197,7 @@ def _assemble(specs: list[TensorSpec], workers: int, groups: list[tuple[str, lis
             alone = SyncPlan(graph=template.graph(), tensors=list(group), buckets=[bucket], workers=workers,
                              codecs=template.codecs, compact=compact)
             lint(alone, attrs=False)  # the builder types every attribute; structure, codecs and outputs are checked
+            template.release()
             templates[key] = template
         template.stamp(out, name, index, parts)
         codecs.update(template.codecs)

@@ -39,6 +39,7 @@ class Template:
     renamable: bool              # ids, ef_keys and seed_keys follow the builder's rules: reusable for other names
     rules: list[tuple[int, Any]]  # per node: (multiplier of 4n, or -1 for the codec's wire size; codec key)
     ef_roles: list[str | None]   # per encode with error feedback: the role part of its ef_key
+    built: nx.DiGraph | None = None  # the builder's own graph, until it has been linted (then dropped)
 
     @classmethod
     def build(cls, expand: Callable[[GraphBuilder, Unit], None], unit: Unit) -> "Template":
@@ -68,7 +69,8 @@ class Template:
             roles.append(role)
         return cls(bucket=prefix, partitions=tuple(unit.partitions), suffixes=[n[len(prefix):] for n in names],
                    attrs=attrs, succ=[[(index[v], d["slot"]) for v, d in g._succ[n].items()] for n in names],
-                   codecs=builder.codecs, resizable=resizable, renamable=renamable, rules=rules, ef_roles=roles)
+                   codecs=builder.codecs, resizable=resizable, renamable=renamable, rules=rules, ef_roles=roles,
+                   built=g)
 
     def fits(self, name: str, partitions: tuple[tuple[int, int], ...]) -> bool:
         """Whether :meth:`stamp` can make bucket ``name`` with ``partitions`` from this template."""
@@ -89,10 +91,16 @@ class Template:
         return numel, nbytes
 
     def graph(self) -> nx.DiGraph:
-        """The template itself as a graph (for linting it once)."""
+        """The template itself as a graph: the builder's (until :meth:`release`), else a stamped copy."""
+        if self.built is not None:
+            return self.built
         out = Graph()
         self.stamp(out, self.bucket, self.attrs[0]["priority"] if self.attrs else 0, self.partitions)
         return out.graph
+
+    def release(self) -> None:
+        """Drop the builder's graph (kept only to lint the template once)."""
+        self.built = None
 
     def stamp(self, out: "Graph", name: str, priority: int, partitions: tuple[tuple[int, int], ...]) -> None:
         """Append this sub-graph for bucket ``name`` (its ``priority`` and ``partitions``) to ``out``."""

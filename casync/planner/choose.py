@@ -223,6 +223,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
         why = (f"{winner.split(' ', 1)[1]} for every bucket simulated fastest ({sim_time * 1e3:.1f} ms"
                + (f"; per-bucket mix {mix * 1e3:.1f} ms)" if mix is not None else ")"))
         notes = [f"{note} by estimate; {why}" for note in notes]
+    chose_s = time.perf_counter() - started
     plan = assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
                          error_feedback=error_feedback, op=op, templates=planner._templates)
     plan.options.update(options or {})
@@ -235,7 +236,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
         rechecked_fixed=rechecked, candidates=candidates_info,
         strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
         min_gain_s=min_gain(sim_time if sim_time is not None else planner.estimate(best)[0]),
-        cluster=cluster.to_dict(), seconds=time.perf_counter() - started))
+        cluster=cluster.to_dict(), choose_s=chose_s, seconds=time.perf_counter() - started))
     return plan
 
 
