@@ -14,6 +14,8 @@ from primitives import feedback
 from primitives.codecs import get_codec
 from strategies import get_strategy
 
+from ..table import human_bytes
+
 if TYPE_CHECKING:
     from .specs import Bucket
     from .syncplan import SyncPlan
@@ -32,14 +34,6 @@ def members_label(bucket: Bucket) -> str:
     if len(names) == 1:
         return f"1: {_short(names[0])}"
     return f"{len(names)}: {_short(names[0])} … {_short(names[-1])}"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _find(plan: SyncPlan, name: str) -> tuple[Bucket, list[str]]:
@@ -92,7 +86,7 @@ def explain(plan: SyncPlan, name: str) -> str:
         held = [i for i, (start, stop) in enumerate(parts) if start < member.stop and member.offset < stop]
         where = (f"partition {held[0]}" if len(held) == 1 else f"partitions {held[0]}–{held[-1]}") if held else \
             "no partition (empty)"
-        lines.append(f"tensor {name}: {member.spec.numel:,} elements ({shape}), {_bytes(member.spec.nbytes)}")
+        lines.append(f"tensor {name}: {member.spec.numel:,} elements ({shape}), {human_bytes(member.spec.nbytes)}")
         lines.append(f"  bucket      {bucket.name} (priority {bucket.priority}; {members_label(bucket)}), elements "
                      f"[{member.offset:,}, {member.stop:,}) of {bucket.numel:,}, in {where}")
         share = wire * member.spec.numel / bucket.numel if bucket.numel else 0
@@ -104,8 +98,8 @@ def explain(plan: SyncPlan, name: str) -> str:
     sizes = sorted({stop - start for start, stop in parts})
     lines.append(f"  partitions  {len(parts)} of {'/'.join(f'{s:,}' for s in sizes)} elements")
     ratio = (4 * bucket.numel * _dense_sends(plan, bucket) / wire) if wire else 0.0
-    lines.append(f"  wire        {_bytes(wire)} per iteration for the bucket"
-                 + (f" (about {_bytes(share)} for this tensor)" if share != wire else "")
+    lines.append(f"  wire        {human_bytes(wire)} per iteration for the bucket"
+                 + (f" (about {human_bytes(share)} for this tensor)" if share != wire else "")
                  + (f", {ratio:.1f}x less than uncompressed" if ratio and not bucket.codec.lossless else ""))
     lines.append(f"  why         {_reason(plan, bucket)}")
     return "\n".join(lines)

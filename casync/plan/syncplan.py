@@ -14,16 +14,8 @@ from primitives.codecs import Codec
 from primitives.ir import OPS, Actor
 from strategies import get_strategy
 
-from ..table import format_table
+from ..table import format_table, human_bytes
 from .specs import Bucket, Member, TensorSpec
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @dataclass
@@ -160,16 +152,16 @@ class SyncPlan:
             strategy = get_strategy(b.strategy).label(b)
             rows.append([b.name, members_label(b), b.numel, strategy,
                          str(b.codec) + ("+ef" if b.uses_error_feedback else ""), len(b.partitions),
-                         _human_bytes(wires[b.name])] + [counts[(b.name, op)] for op in ("encode", "decode", "merge",
+                         human_bytes(wires[b.name])] + [counts[(b.name, op)] for op in ("encode", "decode", "merge",
                                                                                            "send")] + [b.note])
         total = self.op_counts()
         raw = 4 * sum(t.numel for t in self.tensors)
         wire = self.wire_bytes()
         rows.append(["TOTAL", f"{len(self.tensors)}", sum(b.numel for b in self.buckets), "", "", "",
-                     _human_bytes(wire), total["encode"], total["decode"], total["merge"], total["send"], ""])
+                     human_bytes(wire), total["encode"], total["decode"], total["merge"], total["send"], ""])
         head = (f"SyncPlan: {len(self.tensors)} tensors in {len(self.buckets)} buckets, {self.workers} workers, "
                 f"{len(self.actors)} actors, {self.graph.number_of_nodes()} ops; "
-                f"{_human_bytes(raw)} of gradients per worker, {_human_bytes(wire)} on the wire per iteration")
+                f"{human_bytes(raw)} of gradients per worker, {human_bytes(wire)} on the wire per iteration")
         table = format_table(["bucket", "tensors", "numel", "strategy", "codec", "parts", "wire", "enc", "dec",
                               "merge", "send", "note"], rows)
         return head + "\n" + table
