@@ -225,7 +225,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
         notes = [f"{note} by estimate; {why}" for note in notes]
     chose_s = time.perf_counter() - started
     plan = assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
-                         error_feedback=error_feedback, op=op, templates=planner._templates)
+                         error_feedback=error_feedback, op=op, templates=planner.templates)
     plan.options.update(options or {})
     plan.options.setdefault("strategy", "auto")
     plan.options.setdefault("codec", "auto")

@@ -98,7 +98,7 @@ class Planner:
         self._bases: dict[tuple, tuple[Any, OpTable, tuple]] = {}  # structure -> (template, its table, partitions)
         self._exact_memo: dict[tuple[int, str, str, int], bool] = {}
         self._runs: dict[tuple[int, ...], tuple[float, float, list[float], list[tuple]]] = {}
-        self._templates: dict[tuple, Any] = {}  # assemble_plan's structure templates, shared by every fragment
+        self.templates: dict[tuple, Any] = {}  # assemble_plan's structure templates, shared by every fragment
         # Espresso's priority: largest first, later-ready first among equals
         self.priority = sorted(range(len(self.buckets)),
                                key=lambda i: (-self.buckets[i].numel, -self.buckets[i].ready, i))
@@ -328,9 +328,9 @@ class Planner:
             else:
                 plan = assemble_plan(bucket.group, self.workers, [(bucket.name, bucket.group)], [choice],
                                      error_feedback=self.error_feedback, op=self.op, compact=compact,
-                                     templates=self._templates)
+                                     templates=self.templates)
                 frag = OpTable.from_graph(plan.graph)
-                self._bases.setdefault(structure, (self._templates[structure], frag, parts))
+                self._bases.setdefault(structure, (self.templates[structure], frag, parts))
             frag.durations(self.profile)
             self._tables[key] = frag
         return frag
