@@ -12,21 +12,22 @@ For every model, cluster size (one worker per node, 50 us links) and NIC bandwid
 
 All times come from :func:`casync.sim.simulator.simulate` on the full plan graph, except where that graph is
 too large to simulate quickly (64 workers): fixed plans are then simulated as compact symmetric templates
-when ``assemble_plan(compact=True)`` is available (marked ``c``; exact for ring and all-gather, optimistic
-for PS) or else taken from the planner's fast estimator (marked ``~``); an ``auto`` plan too large for the
-full simulator is reported by the estimator too (``~``).  Writes ``whatif.md`` and ``whatif.json``.
+where those stand for exactly the full plan (``compact_is_exact``; marked ``c``, the same iteration time as
+the full plan's simulation) or else taken from the planner's fast estimator (marked ``~``); an ``auto`` plan
+too large for the full simulator is reported by the estimator too (``~``).  Writes ``whatif.md`` and
+``whatif.json``.
 """
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
 import time
 from pathlib import Path
 
 import casync
-from casync.plan.assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, make_buckets, name_buckets
+from casync.plan.assemble import (DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, compact_is_exact,
+                                  effective_partitions, make_buckets, name_buckets)
 from casync.plan.tensors import tensor_specs
 from casync.planner import Estimator, Option, backward_ready_times, timeline_estimate
 from casync.sim.costmodel import ClusterModel, Profile
@@ -39,7 +40,7 @@ CODECS = ("none", "fp16", "onebit", "topk:ratio=0.01")
 FULL_SIM_MAX_OPS = 150_000  # beyond this a full plan is not simulated here (tens of seconds each)
 
 
-def fixed_times(model, workers, clusters, profile, ready, compact_ok):
+def fixed_times(model, workers, clusters, profile, ready):
     """{(strategy, codec): {gbps: (seconds, mark)}} for every uniform fixed plan."""
     specs = tensor_specs(model)
     groups = name_buckets(specs, make_buckets(specs, DEFAULT_BUCKET_BYTES))
@@ -48,7 +49,6 @@ def fixed_times(model, workers, clusters, profile, ready, compact_ok):
     for s in STRATEGIES:
         for c in CODECS:
             choices = [BucketChoice(strategy=s, codec=get_codec(c))] * len(groups)
-            from casync.plan.assemble import effective_partitions
             parts = [effective_partitions(ch, workers, n) for ch, n in zip(choices, numels)]
             ops = sum(Estimator(workers, clusters[0][1], profile).cost(n, Option(s, get_codec(c), k)).ops
                       for n, k in zip(numels, parts))
@@ -57,7 +57,7 @@ def fixed_times(model, workers, clusters, profile, ready, compact_ok):
                 plan = assemble_plan(specs, workers, groups, choices)
                 for gbps, cl in clusters:
                     row[gbps] = (simulate(plan, cl, profile, ready).iteration_time, "")
-            elif compact_ok:
+            elif compact_is_exact(workers, groups, choices) and all(cl.asymmetry(workers) is None for _, cl in clusters):
                 plan = assemble_plan(specs, workers, groups, choices, compact=True)
                 for gbps, cl in clusters:
                     row[gbps] = (simulate(plan, cl, profile, ready).iteration_time, "c")
@@ -101,7 +101,6 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     profile = Profile.default()
-    compact_ok = "compact" in inspect.signature(assemble_plan).parameters
     models = args.models.split(",")
     workers_list = [int(w) for w in args.workers.split(",")]
     gbps_list = [float(g) for g in args.gbps.split(",")]
@@ -112,7 +111,7 @@ def main() -> None:
         for workers in workers_list:
             clusters = [(g, ClusterModel.for_workers(workers, bandwidth_gbps=g, latency_us=args.latency_us))
                         for g in gbps_list]
-            fixed = fixed_times(model, workers, clusters, profile, ready, compact_ok)
+            fixed = fixed_times(model, workers, clusters, profile, ready)
             for gbps, cl in clusters:
                 base, base_mark = fixed[("ring", "none")][gbps]
                 (bs, bc), (best, best_mark) = min(((k, v[gbps]) for k, v in fixed.items()), key=lambda kv: kv[1][0])
@@ -142,9 +141,10 @@ def main() -> None:
         "two-way) / allgather x none / fp16 / onebit / topk:ratio=0.01, default partitions. *auto*: "
         "`build_plan(strategy=\"auto\", codec=\"auto\", partitions=\"auto\", cluster=...)`; *plan s*: the "
         "planner's wall time on this 2-core machine; *auto mix*: buckets per strategy/codec.\n\n"
-        "Marks: `c` = simulated as a compact symmetric template (`assemble_plan(compact=True)`: exact for "
-        "ring and all-gather, optimistic for PS), used for fixed plans too large to simulate in full "
-        "(64 workers); `~` = the planner's fast estimator (no simulation).\n\n"
+        "Marks: `c` = simulated as a compact symmetric template (`assemble_plan(compact=True)`), used for "
+        "fixed plans too large to simulate in full (64 workers) where the template stands for exactly the full "
+        "plan (`compact_is_exact`: the same iteration time); `~` = the planner's fast estimator (no "
+        "simulation).\n\n"
         + markdown_table(HEADERS, rows) + "\n")
     (out / "whatif.md").write_text(text)
     (out / "whatif.json").write_text(json.dumps(raw, indent=1) + "\n")

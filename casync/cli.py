@@ -34,7 +34,7 @@ def _plan_from_args(args: argparse.Namespace):
 
     return build_plan(args.model, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
                       servers=args.servers, partitions=args.partitions, two_way=not args.one_way,
-                      error_feedback=not args.no_error_feedback, op=args.op, bucket_bytes=args.bucket_bytes,
+                      error_feedback=False if args.no_error_feedback else "auto", op=args.op, bucket_bytes=args.bucket_bytes,
                       seed=args.seed)
 
 
@@ -155,7 +155,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
         trainer = Trainer(*fns, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
-                          address=args.address, seed=args.seed, error_feedback=not args.no_error_feedback,
+                          address=args.address, seed=args.seed, error_feedback=False if args.no_error_feedback else "auto",
                           momentum_correction=args.momentum_correction, delayed_update=args.delayed_update,
                           full_sync_every=args.full_sync_every, warmup_steps=args.warmup_steps, progress=progress,
                           **extra)

@@ -25,6 +25,10 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
                ef_key: str | None, check: bool = False) -> Payload:
     """Encode ``x``; with error feedback, add the stored residual first and keep the new one.
 
+    Error feedback encodes with the codec's contractive version (``Codec.encode_contractive``) when plain
+    error feedback is not sound for it (``Codec.ef_sound`` is False: unbiased stochastic codecs), so residuals
+    stay bounded (see :mod:`primitives.feedback`).
+
     ``check``: ``x`` may hold NaN/Inf (see :mod:`casync.nonfinite`): those entries are encoded as zero and
     ride along in the payload exactly; the residual is zero there.
     """
@@ -39,7 +43,8 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
     else:
         if corrected is x:
             corrected = x.copy()
-        payload = codec.encode_keep_error(corrected, seed)  # corrected becomes the unsent remainder
+        keep = codec.encode_keep_error if codec.ef_sound else codec.encode_keep_error_contractive
+        payload = keep(corrected, seed)  # corrected becomes the unsent remainder
         if side is not None:
             corrected[side[1]] = 0
         residuals[ef_key] = corrected

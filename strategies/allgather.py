@@ -45,7 +45,7 @@ class AllGather(Strategy):
             enc = g.encode(unit, part, ME, src=None, ef_role=ME, tag="ag")
             decoded = [g.decode(unit, part, ME, enc, codec_of=enc, tag="own")]
             for k in range(1, n):
-                recv = g.self_transfer(unit, part, enc, ME, worker(k), worker(n - k), enc, f"ag{k}")
+                recv = g.self_transfer(unit, part, enc, ME, worker(k), worker(n - k), enc, f"ag{k}", round=k)
                 decoded.append(g.decode(unit, part, ME, recv, codec_of=enc, tag=f"from{n - k}"))
             g.merge(unit, part, ME, decoded, local_slot=None, divisor=unit.divisor, output=True, tag="ag")
 

@@ -27,7 +27,7 @@ class Unit:
     partitions: tuple[tuple[int, int], ...]
     workers: int
     codec: Codec
-    error_feedback: bool
+    error_feedback: bool  # resolved for this codec (primitives.feedback.resolve)
     divisor: int  # N for mean, 1 for sum
     priority: int
     servers: int | None = None  # PS: dedicated server actors (None = co-located on workers)

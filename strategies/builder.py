@@ -31,6 +31,7 @@ class GraphBuilder:
         self.graph = graph if graph is not None else nx.DiGraph()
         self.codecs: dict[str, Codec] = {}
         self._wire: dict[tuple[str, int], int] = {}
+        self._keys: dict[int, tuple[Codec, str]] = {}  # id(codec) -> (codec, key): str() of a codec is not free
 
     def wire_nbytes(self, key: str, n: int) -> int:
         """``compressed_nbytes`` of codec ``key`` for ``n`` elements (memoized: a plan asks for few sizes)."""
@@ -40,8 +41,12 @@ class GraphBuilder:
         return size
 
     def codec_key(self, codec: Codec) -> str:
+        known = self._keys.get(id(codec))
+        if known is not None and known[0] is codec:
+            return known[1]
         key = str(codec)
         self.codecs.setdefault(key, codec)
+        self._keys[id(codec)] = (codec, key)
         return key
 
     def add(self, unit: Unit, part: int, actor: str, op: str, tag: str = "", **attrs) -> str:
@@ -49,15 +54,25 @@ class GraphBuilder:
         assert op in OPS, op
         start, stop = unit.partitions[part]
         node = f"{unit.bucket}/p{part}/{actor}/{op}" + (f".{tag}" if tag else "")
-        if node in self.graph:
+        g = self.graph
+        if node in g._node:
             raise ValueError(f"duplicate plan node {node!r}")
-        self.graph.add_node(node, op=op, actor=actor, bucket=unit.bucket, part=part, numel=stop - start,
-                            priority=unit.priority, **attrs)
+        # what DiGraph.add_node stores, written directly (plans are built op by op: its overhead showed)
+        g._succ[node] = {}
+        g._pred[node] = {}
+        g._node[node] = dict(op=op, actor=actor, bucket=unit.bucket, part=part, numel=stop - start,
+                             priority=unit.priority, **attrs)
         return node
 
     def connect(self, src: str, dst: str, slot: int = 0) -> None:
         """A data dependency; ``slot`` orders the inputs of a merge."""
-        self.graph.add_edge(src, dst, slot=slot)
+        g = self.graph
+        if src in g._node and dst in g._node:
+            data = {"slot": slot}  # one dict for both directions, as DiGraph.add_edge stores it
+            g._succ[src][dst] = data
+            g._pred[dst][src] = data
+        else:
+            g.add_edge(src, dst, slot=slot)
 
     def encode(self, unit: Unit, part: int, actor: str, *, src: str | None, codec: Codec | None = None,
                ef_role: str | None = None, tag: str = "") -> str:
@@ -68,7 +83,7 @@ class GraphBuilder:
         node = self.add(unit, part, actor, "encode", tag, codec=self.codec_key(codec), nbytes=4 * n,
                         local_input=src is None, ef=use_ef,
                         ef_key=f"{ef_role}/{unit.bucket}/{part}" if use_ef else None)
-        self.graph.nodes[node]["seed_key"] = stable_hash(node)
+        self.graph._node[node]["seed_key"] = stable_hash(node)
         if src is not None:
             self.connect(src, node)
         return node
@@ -112,15 +127,18 @@ class GraphBuilder:
         return recv
 
     def self_transfer(self, unit: Unit, part: int, payload: str, me: str, to: str, came_from: str, codec_of: str,
-                      stage: str) -> str:
+                      stage: str, round: int | None = None) -> str:
         """For symmetric templates: a send from ``me`` to ``to`` whose symmetric twin arrives at ``me`` from
-        ``came_from`` (both ops stay on ``me``; the send names the real peer, so the link is charged)."""
+        ``came_from`` (both ops stay on ``me``; the send names the real peer, so the link is charged).
+        ``round``: the send's place in a shifted exchange, as in the full plan (see :meth:`transfer`)."""
         key = self.graph.nodes[codec_of]["codec"]
         n = unit.partitions[part][1] - unit.partitions[part][0]
         wire = self.wire_nbytes(key, n)
         send = self.add(unit, part, me, "send", f"{stage}.to.{to}", nbytes=wire, peer=to, codec=key, stage=stage)
         recv = self.add(unit, part, me, "recv", f"{stage}.from.{came_from}", nbytes=wire, peer=came_from, codec=key,
                         stage=stage)
+        if round is not None:
+            self.graph.nodes[send]["round"] = round
         self.connect(payload, send)
         self.connect(send, recv)
         return recv

@@ -66,28 +66,36 @@ class ParameterServer(Strategy):
                 g.decode(unit, part, worker(w), recv, codec_of=final, output=True, tag="pull")
 
     def expand_compact(self, g: GraphBuilder, unit: Unit) -> None:
-        """Co-located PS: worker 0 pushes its parts to the other servers and serves its own partitions.
+        """Co-located PS as worker 0 sees it: it pushes its parts to the other hosts and serves its own.
 
-        An optimistic template: pushes and pulls are scheduled as a perfect shifted exchange, so contention
-        between one bucket's pulls and the next bucket's pushes is not modelled (full plans show it).
+        Partition p is hosted by worker p mod N, so with whole rotations (a multiple of N partitions,
+        :meth:`compact_partitions`) every worker does the same work shifted by its rank: worker 0 hosts
+        partitions 0, N, 2N, ...; its push to host k stands for its own push to k and for worker N-k's push
+        into worker 0 (the same round of the shifted exchange), and likewise for pulls.  The simulated
+        iteration equals the full plan's (tests/strategies/test_compact.py).  Dedicated servers are not
+        interchangeable with workers, so they get no template (a clear error, never an approximation).
         """
         if unit.servers:
-            raise ValueError("compact PS templates need co-located servers (servers=None)")
+            raise ValueError(f"no compact template for PS with dedicated servers (servers={unit.servers}): servers "
+                             "and workers do different work, so one representative worker cannot stand for both; "
+                             "simulate the full plan (assemble_plan(..., compact=False))")
         n = unit.workers
+        if len(unit.partitions) % n:
+            raise ValueError(f"a compact PS template needs whole rotations: a multiple of {n} partitions, got "
+                             f"{len(unit.partitions)} for bucket {unit.bucket!r}")
         codec = unit.codec if unit.two_way else IDENTITY
-        for part in range(len(unit.partitions)):
-            if part % n:  # served elsewhere: by symmetry worker 0 serves its own partitions; parts of others
-                continue  # cost worker 0 one push each, modelled below as the pushes into its own partition
+        for part in range(0, len(unit.partitions), n):  # worker 0 hosts partitions 0, N, 2N, ...
             pushes = []
             for k in range(1, n):  # worker 0 pushes to server k; symmetric to worker n-k pushing to server 0
                 enc = g.encode(unit, part, ME, src=None, ef_role=f"{ME}>{k}", tag=f"push{k}")
-                recv = g.self_transfer(unit, part, enc, ME, worker(k), worker(n - k), enc, f"push{k}")
+                g.graph.nodes[enc]["round"] = k
+                recv = g.self_transfer(unit, part, enc, ME, worker(k), worker(n - k), enc, f"push{k}", round=k)
                 pushes.append(g.decode(unit, part, ME, recv, codec_of=enc, tag=f"push{k}"))
             merged = g.merge(unit, part, ME, pushes, local_slot=0, divisor=unit.divisor, tag="ps")
             final = g.encode(unit, part, ME, src=merged, codec=codec, ef_role=server(0), tag="pull")
             g.decode(unit, part, ME, final, codec_of=final, output=True, tag="pull")
             for k in range(1, n):  # serve worker k; receive the pull of server n-k (symmetric)
-                recv = g.self_transfer(unit, part, final, ME, worker(k), worker(n - k), final, f"pull{k}")
+                recv = g.self_transfer(unit, part, final, ME, worker(k), worker(n - k), final, f"pull{k}", round=k)
                 g.decode(unit, part, ME, recv, codec_of=final, tag=f"pull{k}")
 
     def has_compact(self, unit_servers: int | None = None) -> bool:
@@ -99,6 +107,9 @@ class ParameterServer(Strategy):
 
     def compact_op_count(self, workers: int, parts: int) -> int:
         return -(-parts // workers) * (7 * workers + 3)
+
+    def compact_partitions(self, workers: int, parts: int, requested: int | None) -> int:
+        return workers * max(1, -(-parts // workers))  # whole rotations: every worker hosts as many partitions
 
     def default_partitions(self, workers: int, servers: int | None = None) -> int:
         return servers or workers

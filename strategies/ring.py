@@ -65,6 +65,9 @@ class Ring(Strategy):
         for the matching send of worker 0 itself (the same event, shifted by symmetry).  O(N) ops per
         partition instead of O(N^2)."""
         n = unit.workers
+        if len(unit.partitions) % n:
+            raise ValueError(f"a compact ring template needs whole rotations: a multiple of {n} partitions, got "
+                             f"{len(unit.partitions)} for bucket {unit.bucket!r}")
         for part in range(0, len(unit.partitions), n):
             nxt, prv = worker(1 % n), worker((n - 1) % n)
             if n == 1:

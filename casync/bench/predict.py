@@ -10,7 +10,8 @@ from typing import Any
 
 from primitives.codecs import get_codec
 
-from ..plan.assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, make_buckets, name_buckets
+from ..plan.assemble import (DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, compact_is_exact, make_buckets,
+                             name_buckets)
 from ..plan.build import build_plan
 from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
@@ -38,12 +39,13 @@ def make_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple
     return build_plan(model, workers=workers, seed=seed, **args)
 
 
-def compact_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[str, ...],
-                 cluster: ClusterModel, profile: Profile | None = None) -> SyncPlan:
-    """The same cell as a compact template plan (simulation only), for large ``workers``.
+def sim_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[str, ...], cluster: ClusterModel,
+             profile: Profile | None = None) -> SyncPlan:
+    """The plan whose simulation predicts a simulated-grid cell: its compact template where that is exact (the
+    same buckets and partitions, on a cluster where workers are interchangeable), else the full plan.
 
-    ``auto``: the planner chooses per bucket (its own checks use full plans within its simulation budget);
-    its choices are then re-assembled as templates.
+    ``auto``: the planner chooses per bucket for ``cluster``; its choices are re-assembled as templates only
+    if that changes no partition count.
     """
     specs = tensor_specs(model)
     if strategy == "auto":
@@ -51,14 +53,18 @@ def compact_plan(model: str, workers: int, strategy: str, codec: str, codecs: tu
         groups = [(b.name, [m.spec for m in b.members]) for b in chosen.buckets]
         choices = [BucketChoice(strategy=b.strategy, codec=b.codec, partitions=len(b.partitions), two_way=b.two_way,
                                 servers=b.servers, note=b.note) for b in chosen.buckets]
+        options = dict(chosen.options)
     else:
+        chosen = None
         args = plan_arguments(strategy, codec, codecs)
         groups = name_buckets(specs, make_buckets(specs, DEFAULT_BUCKET_BYTES))
         choice = BucketChoice(strategy=args["strategy"], codec=get_codec(args["codec"]),
                               two_way=args.get("two_way", True))
         choices = [choice] * len(groups)
-    return assemble_plan(specs, workers, groups, choices, compact=True,
-                         options={"strategy": strategy, "codec": codec})
+        options = {"strategy": strategy, "codec": codec}
+    if cluster.asymmetry(workers) is None and compact_is_exact(workers, groups, choices):
+        return assemble_plan(specs, workers, groups, choices, compact=True, options=options)
+    return chosen if chosen is not None else assemble_plan(specs, workers, groups, choices, options=options)
 
 
 def plan_choices(plan: SyncPlan) -> list[dict[str, Any]]:

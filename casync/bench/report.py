@@ -189,8 +189,9 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
     if tables:
         L += ["## Simulated grid", "",
               "Predicted sync time (ms) of the same strategies and codecs on ClusterModel(nodes=N, "
-              "workers_per_node=1, bandwidth as given, latency 50 us) with the packaged profile, compact "
-              "templates; `*` marks the best of each column.", ""]
+              "workers_per_node=1, bandwidth as given, latency 50 us) with the packaged profile: the full "
+              "plan's simulation (computed from its compact template where that is exact); `*` marks the best "
+              "of each column.", ""]
         for model, (headers, body) in tables.items():
             L += [f"### {model}", "", markdown_table(headers, body), ""]
     if result.failures:

@@ -20,7 +20,7 @@ from ..sim.costmodel import Profile
 from .baselines import BASELINES, REFERENCE, run_baselines
 from .grid import Grid, codec_label, split_transport
 from .measure import EngineRun, GradientStore, measure_plan
-from .predict import compact_plan, make_plan, plan_choices, predict, predicted_sync_s
+from .predict import sim_plan, make_plan, plan_choices, predict, predicted_sync_s
 from .setup import Setup
 
 #: baselines the speed-up table also reports a ratio against (when they ran)
@@ -201,12 +201,12 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
             _measure_cells(cells, grid, setup, rows, result, bar, say, iters=iters, warmup=warmup, seed=seed,
                            profile=profile, head_to_head=head_to_head if grid.baselines else 0)
 
-        # 3. the simulated grid (compact templates)
+        # 3. the simulated grid (compact templates where exact, else full plans)
         for model, workers, bw, strategy, codec in sim_cells:
             bar.set_description(f"simulate {model} N={workers} {bw:g}G {strategy}/{codec_label(codec)}")
             cluster = _sim_cluster(workers, bw)
             try:
-                plan = compact_plan(model, workers, strategy, codec, grid.codecs, cluster, sim_profile)
+                plan = sim_plan(model, workers, strategy, codec, grid.codecs, cluster, sim_profile)
                 wire = plan.wire_bytes()
                 dense = _dense_wire(plan)
                 result.sim_rows.append(SimRow(model=model, workers=workers, bandwidth_gbps=bw, strategy=strategy,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from primitives import feedback
 from primitives.codecs import Codec, get_codec
 from strategies import get_strategy
 
@@ -30,7 +31,7 @@ def build_plan(
     servers: int | None = None,
     partitions: int | None = None,
     two_way: bool = True,
-    error_feedback: bool = True,
+    error_feedback: bool | str = "auto",
     op: str = "mean",
     bucket_bytes: int | None = None,
     seed: int = 0,
@@ -48,6 +49,11 @@ def build_plan(
     ``partitions="auto"`` let the planner (:func:`casync.planner.choose_plan`) choose per bucket, for
     ``cluster`` (a :class:`~casync.sim.costmodel.ClusterModel`), ``profile`` and ``ready_times`` (tensor ->
     second its gradient is ready); fixed choices ignore those three.
+
+    ``error_feedback``: ``"auto"`` (default) keeps residuals where that is sound — plain error feedback for
+    contractive codecs, error feedback on the contractive version of unbiased stochastic ones (terngrad,
+    qsgd) — and none for a registered codec that declares neither; ``True`` asks for it everywhere (an
+    error for such a codec), ``False`` turns it off.  See :mod:`primitives.feedback`.
 
     ``nonfinite``: what engines do when a gradient holds NaN/Inf — ``"raise"`` a
     :class:`~casync.errors.NonFiniteGradientError`, ``"skip"`` the step on every worker, or ``"propagate"``
@@ -77,7 +83,7 @@ def build_plan(
         raise ValueError(f"servers={servers} only applies to a strategy with servers (ps), not {strategy!r}")
     partitions = check_partitions(partitions)
     check_bool("two_way", two_way)
-    check_bool("error_feedback", error_feedback)
+    feedback.check(error_feedback)
     check_op(op)
     bucket_bytes = check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
     seed = check_int("seed", seed, 0)

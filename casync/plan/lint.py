@@ -92,9 +92,9 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
                                                       f"got {a['numel']}")
         op = a["op"]
         codec = a.get("codec")
+        if codec is not None and codec not in plan.codecs:
+            raise _fail(f"graph node {node!r}.codec", f"codec {codec!r} is not in 'codecs'")
         if codec is not None and codec != codec_of[name] and codec != "none":
-            if codec not in plan.codecs:
-                raise _fail(f"graph node {node!r}.codec", f"codec {codec!r} is not in 'codecs'")
             raise _fail(f"graph node {node!r}.codec", f"bucket {name!r} uses codec {codec_of[name]!r}, got {codec!r}")
         inputs = pred[node]
         if op == "merge":
@@ -111,6 +111,10 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
                                                        f"(codec {codec_of[name]!r}, error_feedback={bucket.error_feedback})")
             if expected_ef:
                 ef_keys[a["ef_key"]] += 1
+                c = plan.codecs[codec]
+                if not c.ef_sound and not c.has_contractive:
+                    raise _fail(f"graph node {node!r}.ef", f"codec {codec!r} is not sound for error feedback "
+                                                           "(ef_sound) and has no contractive version")
         elif len(inputs) != 1:
             raise _fail(f"graph node {node!r}", f"a {op} takes exactly one input, has {len(inputs)}")
         actor = a["actor"]

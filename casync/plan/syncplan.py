@@ -14,16 +14,8 @@ from primitives.codecs import Codec
 from primitives.ir import OPS, Actor
 from strategies import get_strategy
 
-from ..table import format_table
+from ..table import format_table, human_bytes
 from .specs import Bucket, Member, TensorSpec
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @dataclass
@@ -146,26 +138,41 @@ class SyncPlan:
 
     # -- views -------------------------------------------------------------
     def summary(self) -> str:
-        """One row per tensor/bucket: strategy, codec, partitions, wire bytes and op counts."""
+        """One row per bucket: its tensors (count, first and last), strategy, codec, partitions, wire bytes,
+        op counts and the planner's note.  ``explain(tensor)`` tells one tensor's story."""
+        from .explain import members_label
+
         rows = []
+        counts = Counter((a["bucket"], a["op"]) for _, a in self.graph.nodes(data=True))
+        wires = Counter()
+        for _, a in self.graph.nodes(data=True):
+            if a["op"] == "send":
+                wires[a["bucket"]] += a["nbytes"]
         for b in self.buckets:
-            c = self.op_counts(b.name)
-            label = b.name if len(b.members) == 1 else f"{b.name} ({len(b.members)} tensors)"
             strategy = get_strategy(b.strategy).label(b)
-            rows.append([label, b.numel, strategy, str(b.codec) + ("+ef" if b.uses_error_feedback else ""),
-                         len(b.partitions), _human_bytes(self.wire_bytes(b.name)),
-                         c["encode"], c["decode"], c["merge"], c["send"], b.note])
+            rows.append([b.name, members_label(b), b.numel, strategy,
+                         str(b.codec) + ("+ef" if b.uses_error_feedback else ""), len(b.partitions),
+                         human_bytes(wires[b.name])] + [counts[(b.name, op)] for op in ("encode", "decode", "merge",
+                                                                                           "send")] + [b.note])
         total = self.op_counts()
         raw = 4 * sum(t.numel for t in self.tensors)
         wire = self.wire_bytes()
-        rows.append(["TOTAL", sum(b.numel for b in self.buckets), "", "", "", _human_bytes(wire),
-                     total["encode"], total["decode"], total["merge"], total["send"], ""])
+        rows.append(["TOTAL", f"{len(self.tensors)}", sum(b.numel for b in self.buckets), "", "", "",
+                     human_bytes(wire), total["encode"], total["decode"], total["merge"], total["send"], ""])
         head = (f"SyncPlan: {len(self.tensors)} tensors in {len(self.buckets)} buckets, {self.workers} workers, "
                 f"{len(self.actors)} actors, {self.graph.number_of_nodes()} ops; "
-                f"{_human_bytes(raw)} of gradients per worker, {_human_bytes(wire)} on the wire per iteration")
-        table = format_table(["tensor", "numel", "strategy", "codec", "parts", "wire", "enc", "dec", "merge",
-                              "send", "note"], rows)
+                f"{human_bytes(raw)} of gradients per worker, {human_bytes(wire)} on the wire per iteration")
+        table = format_table(["bucket", "tensors", "numel", "strategy", "codec", "parts", "wire", "enc", "dec",
+                              "merge", "send", "note"], rows)
         return head + "\n" + table
+
+    def explain(self, name: str) -> str:
+        """Where tensor (or bucket) ``name`` went: its bucket and place there, strategy, codec, error feedback,
+        partitions, bytes on the wire and why (the planner's note, or the caller's choice).  KeyError with
+        close matches for an unknown name."""
+        from .explain import explain
+
+        return explain(self, name)
 
     def table(self, bucket: str | None = None) -> str:
         """Every node as a row (like ``torch.fx.Graph.print_tabular``), in execution order."""

@@ -10,6 +10,10 @@ from ..plan.assemble import MIN_PARTITION_NUMEL, BucketChoice, effective_partiti
 from ..plan.checks import check_partitions
 
 DEFAULT_CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "topk:ratio=0.01")
+#: From this many workers on, no bucket is cut in more partitions than workers: ring and PS plans have
+#: O(N) ops per partition, so 2N partitions of BERT-base at 64 workers would be a 850k-op plan to build
+#: for a gain the simulator did not show (the what-if table's plans at 64 workers all use N).
+SCALE_WORKERS = 32
 
 
 def default_strategies() -> tuple[str, ...]:
@@ -19,15 +23,27 @@ def default_strategies() -> tuple[str, ...]:
 
 def partition_candidates(strategy: str, workers: int, numel: int, partitions: Any) -> list[int]:
     """Partition counts to try for a bucket: the default, the given count, or (``"auto"``) the strategy's
-    candidates that keep parts at least ``MIN_PARTITION_NUMEL`` elements (HiPress's partitioning rule)."""
+    candidates that keep parts at least ``MIN_PARTITION_NUMEL`` elements (HiPress's partitioning rule).
+
+    A bucket large enough to give every worker a partition is cut in whole rotations only where the strategy
+    has a symmetric template (ring and PS: N or 2N partitions, never fewer): with fewer, some workers have no
+    chunk to reduce or host and their links idle, and whole rotations are what the planner can simulate as
+    a compact template, exactly and in O(N) ops.  From ``SCALE_WORKERS`` workers on, never more partitions
+    than workers."""
     default = effective_partitions(BucketChoice(strategy=strategy), workers, numel)
     if partitions is None:
         return [default]
     if partitions != "auto":
         return [int(partitions)]
     cap = max(1, -(-numel // MIN_PARTITION_NUMEL))
-    wanted = get_strategy(strategy).partition_candidates(workers)
-    return sorted({default} | {k for k in wanted if 1 <= k <= cap})
+    s = get_strategy(strategy)
+    found = {default} | {k for k in s.partition_candidates(workers) if 1 <= k <= cap}
+    if s.has_compact(None) and cap >= workers:
+        whole = {k for k in found if s.compact_partitions(workers, k, k) == k}
+        found = whole or found
+    if workers >= SCALE_WORKERS:
+        found = {k for k in found if k <= workers} or {default}
+    return sorted(found)
 
 
 def normalize_strategies(strategies: Any) -> tuple[str, ...]:

@@ -1,35 +1,36 @@
-"""``choose_plan``: the planner's whole call — candidates, Espresso's greedy, validation with the simulator.
+"""``choose_plan``: the planner's whole call — candidates, Espresso's greedy, the selective-compression
+rule, validation with the simulator.
 
-Starting points are uniform plans (one option for every bucket); Espresso's greedy improves them bucket
-by bucket on the estimate; HiPress's selective compression undoes compression that does not pay; then
-the candidates and the promising fixed plans go through the real simulator (within an op budget) and the
-best simulated plan wins, so ``auto`` is never worse in simulation than a fixed choice it simulated.
-Small plans are refined bucket by bucket with the simulator.
+Starting points are uniform plans (one option for every bucket) and each bucket's best option alone;
+Espresso's greedy improves them bucket by bucket on the estimate; the selective-compression rule
+(:mod:`casync.planner.selective`) turns each into a plan that compresses only where that gains
+``min_gain`` (a size threshold when all gradients are ready together); then the candidates and the fixed
+uniform plans go through the real simulator — as compact templates wherever those are exact, within an op
+budget otherwise — and the plan returned is, among those that simulate no slower than the best fixed plan
+and within ``min_gain`` of the fastest, the one that compresses least (ties go to no compression), so
+``auto`` is never slower in simulation than a fixed choice it simulated.
 """
 from __future__ import annotations
 
-import contextlib
-import gc
-import math
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
-import numpy as np
+from primitives import feedback
 
 from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan
 from ..plan.checks import check_bool, check_int, check_op
+from ..plan.stamp import gc_paused
 from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
 from ..sim.costmodel import ClusterModel, Profile
 from ..sim.simulator import run_table
 from .candidates import normalize_codecs, normalize_partitions, normalize_strategies
 from .search import Planner, min_gain
+from .selective import regularize, trim
 
-#: Real-simulator budget of a planning call, in plan ops simulated (about 4 us each on the 2-core development
-#: machine, fragments and gluing included).
+#: Real-simulator budget of a planning call, in plan ops simulated (about 3 us each on the 2-core development
+#: machine, fragments and gluing included); compact templates count their own (few) ops.
 DEFAULT_SIM_BUDGET_OPS = 100_000
-#: Plans up to this many ops are refined bucket by bucket with the real simulator (budget permitting).
-REFINE_MAX_OPS = 4_000
 #: Planner candidates are validated when estimated within this factor of the best so far, or when this cheap.
 VALIDATE_MARGIN = 1.3
 #: Fixed uniform plans are simulated unless estimated this much slower than the best so far: "auto" must not
@@ -43,14 +44,18 @@ MUST_SIMULATE_FIXED = 3
 #: A fixed plan not yet simulated is simulated when its estimate, corrected by the simulated/estimated ratio
 #: of the simulated plans using its strategy, is within this fraction of the best simulated time.
 FIXED_RECHECK_SLACK = 0.05
-#: Options per bucket tried with the real simulator when refining (best estimated first).
-REFINE_OPTIONS = 8
+#: Uniform plans (best estimated first) that start the selective rule, and those that also start the greedy.
+START_UNIFORM = 3
+GREEDY_UNIFORM = 1
+#: With all gradients ready together and more buckets than this, the greedy (quadratic in buckets) is left
+#: out: the selective rule decides per size, from each bucket's best option and the best uniform plans.
+GREEDY_MAX_BUCKETS = 48
 
 
 def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = None, profile: Profile | None = None,
                 strategies: Any = "auto", codecs: Any = "auto", partitions: Any = "auto",
                 ready_times: Mapping[str, float] | None = None, *, two_way: bool = True,
-                error_feedback: bool = True, op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
+                error_feedback: bool | str = "auto", op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
                 sim_budget_ops: int = DEFAULT_SIM_BUDGET_OPS, options: Mapping[str, Any] | None = None) -> SyncPlan:
     """Choose strategy, codec and partitions per bucket for ``workers`` on ``cluster``; returns the plan.
 
@@ -64,33 +69,20 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     Every bucket's ``note`` says why it got its option; ``plan.options["planner"]`` holds the estimated
     and simulated iteration times and which candidate plan won.
     """
-    with _gc_paused():
+    with gc_paused():
         return _choose_plan(tensors, workers, cluster, profile, strategies, codecs, partitions, ready_times,
                             two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
                             seed=seed, sim_budget_ops=sim_budget_ops, options=options)
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while planning: candidate plans allocate hundreds of thousands of small,
-    acyclic objects, and the collector's passes over them took a quarter of the planning time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profile: Profile | None, strategies: Any,
                  codecs: Any, partitions: Any, ready_times: Mapping[str, float] | None, *, two_way: bool,
-                 error_feedback: bool, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
+                 error_feedback: bool | str, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
                  options: Mapping[str, Any] | None) -> SyncPlan:
     started = time.perf_counter()
     check_int("workers", workers, 1)
     check_bool("two_way", two_way)
-    check_bool("error_feedback", error_feedback)
+    feedback.check(error_feedback)
     check_op(op)
     check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
     check_int("seed", seed, 0)
@@ -108,6 +100,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a casync.sim.costmodel.Profile, got {type(profile).__name__}")
     for c in codec_objs:
+        feedback.resolve(c, error_feedback)  # an explicit True on a codec without sound error feedback is refused
         try:
             profile.encode_s(str(c), 1)
             profile.decode_s(str(c), 1)
@@ -119,7 +112,7 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
                       partitions=partitions, bucket_bytes=bucket_bytes, ready_times=ready_times,
                       two_way=two_way, error_feedback=error_feedback, op=op)
 
-    # 1. starting points: uniform plans (every strategy x codec x partition rule), estimated
+    # 1. uniform plans (every strategy x codec x partition rule), estimated
     rules: list[Any] = ["default"]
     if partitions == "auto":
         rules += sorted({k for b in planner.buckets for o in b.options for k in [o.partitions]})
@@ -131,23 +124,29 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
                 if a is not None and tuple(a) not in {tuple(v) for v in uniform.values()}:
                     uniform[(s, str(c), rule)] = a
     scored = sorted(uniform.items(), key=lambda kv: planner.estimate(kv[1]))
-    # 2. Espresso: from the best plan without compression, bucket by bucket, skipping hidden ones
+    # 2. candidates: each bucket's best option alone and the best uniform plans, improved by Espresso's greedy
+    # (from the best plan without compression skipping buckets hidden in a bubble), each made to follow the
+    # selective-compression rule
     base_plans = [a for (s, c, r), a in scored if c == str(planner.base_codec)]
-    candidates = [planner.greedy(base_plans[0], skip_hidden=True)]
-    # ... and from the best few uniform plans
-    for _, a in scored[:3]:
-        candidates.append(planner.greedy(a, skip_hidden=False))
-    # compress only where it pays (by the estimate); the unsimplified results are validated too
-    twins = {tuple(a): planner.simplify(a) for a in candidates}
-    best = min(twins.values(), key=planner.estimate)
+    starts = [planner.isolated_best()] + [a for _, a in scored[:START_UNIFORM]]
+    greedy = []
+    if not planner.monotone or len(planner.buckets) <= GREEDY_MAX_BUCKETS:
+        greedy = [planner.greedy(base_plans[0], skip_hidden=True)] + [planner.greedy(a, skip_hidden=False)
+                                                                       for _, a in scored[:GREEDY_UNIFORM]]
+    candidates: list[list[int]] = []
+    for a in starts + greedy:
+        for r in regularize(planner, a):
+            if r not in candidates:
+                candidates.append(r)
+    best = min(candidates, key=planner.estimate)
     best_est = planner.estimate(best)[0]
 
-    # 3. validate with the real simulator, within the op budget: the planner's candidates and the fixed
-    # uniform plans (default partitions) that the estimate does not rule out (cheap ones always)
+    # 3. validate with the real simulator, within the op budget: the candidates and the fixed uniform plans
+    # (default partitions) the estimate does not rule out (cheap ones always)
     bucket_ready = {b.name: b.ready for b in planner.buckets}
     budget = sim_budget_ops
     sims = 0
-
+    sim_ops = 0
     # whatever the budget, the planner's pick and the best-estimated fixed plans are simulated: "auto" must
     # not lose to a fixed choice in simulation, and at scale the estimator alone can be far off
     defaults = sorted((a for (s, c, rule), a in uniform.items() if rule == "default"), key=planner.estimate)
@@ -155,18 +154,18 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
 
     def run(assign: list[int]) -> float | None:
         """Simulated iteration time of ``assign`` (exactly what simulate() gives on its assembled plan)."""
-        nonlocal budget, sims
-        ops = sum(b.costs[j].ops for b, j in zip(planner.buckets, assign))
+        nonlocal budget, sims, sim_ops
+        ops = planner.ops(assign)
         if ops > budget and tuple(assign) not in must:
             return None
         budget -= ops
         sims += 1
+        sim_ops += ops
         return run_table(planner.table(assign), cluster, profile, bucket_ready, records=False).iteration_time
 
     queue: list[tuple[float, int, str, list[int]]] = []
-    for raw, simple in twins.items():
-        queue.append((planner.estimate(simple)[0], 0 if simple == best else 2, "planner", simple))
-        queue.append((planner.estimate(list(raw))[0], 2, "planner", list(raw)))
+    for a in candidates:
+        queue.append((planner.estimate(a)[0], 0 if a == best else 2, "planner", a))
     for (s, c, rule), a in uniform.items():
         if rule == "default":
             queue.append((planner.estimate(a)[0], 1, f"uniform {s}/{c}", a))
@@ -178,16 +177,74 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
             continue
         seen.add(tuple(a))
         ref = min(x[0] for x in simulated) if simulated else best_est
-        cheap = sum(b.costs[j].ops for b, j in zip(planner.buckets, a)) <= CHEAP_OPS
+        cheap = planner.ops(a) <= CHEAP_OPS
         margin = UNIFORM_VALIDATE_MARGIN if label.startswith("uniform") else VALIDATE_MARGIN
         if est > margin * ref and not cheap and tuple(a) not in must:
             continue
         t = run(a)
         if t is not None:
             simulated.append((t, label, a))
-    # the estimator's error is mostly per strategy (e.g. 50% pessimistic for PS with a 1-bit codec): correct
-    # the estimates of the fixed plans not simulated by what simulation showed for their strategy, and
-    # simulate, whatever the budget, every one that could still beat the best simulated plan
+    rechecked = _recheck_fixed(planner, uniform, simulated, must, run)
+
+    # 4. the plan: no slower in simulation than the best fixed plan simulated, within min_gain of the fastest,
+    # and of those the one that compresses least (ties go to no compression)
+    plain_time = None  # simulated time of the chosen plan without compression, where the rule measured it
+    if simulated:
+        fastest = min(t for t, _, _ in simulated)
+        fixed_best = min([t for t, label, _ in simulated if label.startswith("uniform")], default=float("inf"))
+        limit = min(fixed_best, fastest + min_gain(fastest))
+        allowed = [x for x in simulated if x[0] <= limit]
+        sim_time, winner, best = min(allowed, key=lambda x: (planner.compressed(x[2]), x[0]))
+        if planner.monotone and planner.compressed(best):
+            # fewer sizes compressed, by the simulator: the estimate can misjudge small buckets
+            trimmed = trim(planner, best, run, limit)
+            if trimmed is not None:
+                plain_time = trimmed[2]
+                if trimmed[0] != best:
+                    best, sim_time = trimmed[0], trimmed[1]
+                    winner = f"{winner}, smaller sizes uncompressed"
+                    simulated.append((sim_time, winner, best))
+    else:
+        sim_time, winner = None, "planner"
+
+    # 5. the plan, with a note per bucket and what the planner did in plan.options["planner"]
+    candidates_info = [dict(plan=label, estimated_s=planner.estimate(a)[0], simulated_s=t)
+                       for t, label, a in sorted(simulated, key=lambda x: x[0])]
+    notes = planner.notes(best)
+    if plain_time is not None and sim_time is not None:
+        cut = min(b.numel for b, j in zip(planner.buckets, best) if j not in b.baseline)
+        why = (f"compressing the buckets of {cut:,} elements and more simulated {(plain_time - sim_time) * 1e3:.1f} ms "
+               "faster than compressing none")
+        notes = [f"{note}; {why}" if j not in b.baseline or b.numel < cut else note
+                 for note, b, j in zip(notes, planner.buckets, best)]
+    elif winner.startswith("uniform") and sim_time is not None:
+        # a fixed choice won in simulation: the per-bucket estimates alone would not have picked it, say so
+        mix = min((t for t, label, _ in simulated if label == "planner"), default=None)
+        why = (f"{winner.split(' ', 1)[1]} for every bucket simulated fastest ({sim_time * 1e3:.1f} ms"
+               + (f"; per-bucket mix {mix * 1e3:.1f} ms)" if mix is not None else ")"))
+        notes = [f"{note} by estimate; {why}" for note in notes]
+    chose_s = time.perf_counter() - started
+    plan = assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
+                         error_feedback=error_feedback, op=op, templates=planner.templates)
+    plan.options.update(options or {})
+    plan.options.setdefault("strategy", "auto")
+    plan.options.setdefault("codec", "auto")
+    plan.options.setdefault("partitions", partitions)
+    plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
+        estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
+        simulated_ops=sim_ops, compact=planner.exact_compact(best),
+        rechecked_fixed=rechecked, candidates=candidates_info,
+        strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
+        min_gain_s=min_gain(sim_time if sim_time is not None else planner.estimate(best)[0]),
+        cluster=cluster.to_dict(), choose_s=chose_s, seconds=time.perf_counter() - started))
+    return plan
+
+
+def _recheck_fixed(planner: Planner, uniform: dict[tuple[str, str, Any], list[int]],
+                   simulated: list[tuple[float, str, list[int]]], must: set[tuple[int, ...]], run: Any) -> int:
+    """The estimator's error is mostly per strategy (e.g. 50% pessimistic for PS with a 1-bit codec): correct
+    the estimates of the fixed plans not simulated by what simulation showed for their strategy, and simulate,
+    whatever the budget, every one that could still beat the best simulated plan.  Returns how many."""
     fixed = {tuple(a): (s, a) for (s, c, rule), a in uniform.items() if rule == "default"}
     tried = {tuple(a) for _, _, a in simulated}
     rechecked = 0
@@ -214,97 +271,4 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
         if t is not None:
             label = next(f"uniform {s}/{c}" for (s, c, rule), u in uniform.items() if rule == "default" and u == a)
             simulated.append((t, label, a))
-    if simulated:
-        sim_time, winner, best = min(simulated, key=lambda x: x[0])
-        # an unsimplified result wins only if its extra compression saves min_gain in simulation too
-        times = {tuple(a): t for t, _, a in simulated}
-        simple = twins.get(tuple(best))
-        if simple is not None and tuple(simple) in times and simple != best:
-            t_simple = times[tuple(simple)]
-            if t_simple <= sim_time + min_gain(sim_time) and t_simple <= min(
-                    [t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf):
-                sim_time, best = t_simple, simple
-    else:
-        sim_time, winner = None, "planner"
-
-    # 4. small plans: refine bucket by bucket with the real simulator (most promising options first);
-    # compressing a bucket that was not must save min_gain; then undo compression that does not pay
-    ops_now = sum(b.costs[j].ops for b, j in zip(planner.buckets, best))
-    if sim_time is not None and ops_now <= REFINE_MAX_OPS:
-        fixed_best = min([t for t, label, _ in simulated if label.startswith("uniform")], default=math.inf)
-        reserve = budget * 0.3  # for undoing compression that does not pay, below
-        budget -= reserve
-        improved, exhausted = True, False
-        while improved and not exhausted:
-            improved = False
-            for b in planner.priority:
-                bucket = planner.buckets[b]
-                costs = planner.costs_of(best)
-                _, _, _, states = planner.timeline.run(costs)
-                ends, totals = planner.timeline.batch(states, b, bucket.stack, costs)
-                for j in np.lexsort((totals, ends))[:REFINE_OPTIONS]:
-                    if j == best[b]:
-                        continue
-                    trial = list(best)
-                    trial[b] = int(j)
-                    t = run(trial)
-                    if t is None:
-                        exhausted = True
-                        break
-                    compress = best[b] in bucket.baseline and j not in bucket.baseline
-                    if t < sim_time - (min_gain(sim_time) if compress else 1e-6 * sim_time):
-                        sim_time, best, improved = t, trial, True
-                        if "refined" not in winner:
-                            winner += " (refined with the simulator)"
-                if exhausted:
-                    break
-        budget += reserve
-        exhausted = False
-        anchor = sim_time
-        cap = min(anchor + min_gain(anchor), fixed_best)
-        for b in planner.priority[::-1]:
-            bucket = planner.buckets[b]
-            if best[b] in bucket.baseline or exhausted:
-                continue
-            costs = planner.costs_of(best)
-            _, _, _, states = planner.timeline.run(costs)
-            ends, totals = planner.timeline.batch(states, b, bucket.stack, costs)
-            opt = bucket.options[best[b]]
-            same = bucket.index.get((opt.strategy, str(planner.base_codec), opt.partitions))
-            tries = [same] if same is not None else []
-            tries.append(int(min(bucket.baseline, key=lambda j: (ends[j], totals[j]))))
-            for j in dict.fromkeys(tries):
-                trial = list(best)
-                trial[b] = j
-                t = run(trial)
-                if t is None:
-                    exhausted = True
-                    break
-                if t <= cap:
-                    sim_time, best = t, trial
-                    break
-
-    # 5. the plan, with a note per bucket and what the planner did in plan.options["planner"]
-    candidates = [dict(plan=label, estimated_s=planner.estimate(a)[0], simulated_s=t)
-                  for t, label, a in sorted(simulated, key=lambda x: x[0])]
-    notes = planner.notes(best)
-    if winner.startswith("uniform") and any(label == winner and a == best for _, label, a in simulated):
-        # a fixed choice won in simulation: the per-bucket estimates alone would not have picked it, say so
-        mix = min((t for t, label, _ in simulated if label == "planner"), default=None)
-        why = (f"{winner.split(' ', 1)[1]} for every bucket simulated fastest ({sim_time * 1e3:.1f} ms"
-               + (f"; per-bucket mix {mix * 1e3:.1f} ms)" if mix is not None else ")"))
-        notes = [f"{note} by estimate; {why}" for note in notes]
-    plan = assemble_plan(specs, workers, planner.groups, planner.choices(best, notes),
-                                error_feedback=error_feedback, op=op)
-    for bucket, note in zip(plan.buckets, notes):
-        bucket.note = note
-    plan.options.update(options or {})
-    plan.options.setdefault("strategy", "auto")
-    plan.options.setdefault("codec", "auto")
-    plan.options.setdefault("partitions", partitions)
-    plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
-        estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
-        rechecked_fixed=rechecked, candidates=candidates,
-        strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
-        cluster=cluster.to_dict(), seconds=time.perf_counter() - started))
-    return plan
+    return rechecked

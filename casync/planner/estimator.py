@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from primitives import feedback
 from primitives.codecs import Codec
 from primitives.ir import Actor
 from strategies import IDENTITY, get_strategy
@@ -70,7 +71,7 @@ class Usage:
 class Estimator:
     """Fast analytical stand-in for :func:`casync.sim.simulator.simulate` over per-bucket options."""
 
-    def __init__(self, workers: int, cluster: ClusterModel, profile: Profile, *, error_feedback: bool = True,
+    def __init__(self, workers: int, cluster: ClusterModel, profile: Profile, *, error_feedback: bool | str = "auto",
                  two_way: bool = True, op: str = "mean"):
         self.N = workers
         self.cluster = cluster
@@ -101,7 +102,7 @@ class Estimator:
 
     def enc(self, codec: Codec, n: int) -> float:
         """Seconds to encode ``n`` elements (with error feedback where the plan has it)."""
-        return self.profile.encode_s(str(codec), n, self.error_feedback and not codec.lossless)
+        return self.profile.encode_s(str(codec), n, feedback.resolve(codec, self.error_feedback))
 
     def dec(self, codec: Codec, n: int) -> float:
         return self.profile.decode_s(str(codec), n)

@@ -298,6 +298,18 @@ class ClusterModel:
             return f"node{node}", self.cores_per_node
         return None
 
+    def asymmetry(self, workers: int) -> str | None:
+        """Why ``workers`` workers are not interchangeable here (None when they are): a compact template
+        (one representative worker) stands for all of them only on a cluster that looks the same from every
+        rank: one worker per node, or all workers on one node, and no CPU cores shared between workers."""
+        nodes = len({self.node_of(f"worker:{w}") for w in range(workers)})
+        if 1 < nodes < workers:
+            return (f"{workers} workers on {nodes} nodes ({self.workers_per_node} per node): links within a node "
+                    "differ from links between nodes")
+        if workers > 1 and (self.host_cores or (self.cores_per_node and nodes == 1)):
+            return "the workers share CPU cores"
+        return None
+
     @property
     def bytes_per_s(self) -> float:
         return self.bandwidth_gbps * 1e9 / 8

@@ -71,6 +71,9 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     capacity = cluster.nodes * cluster.workers_per_node
     if capacity < plan.workers:
         raise ValueError(f"cluster has room for {capacity} workers (nodes x workers_per_node), plan has {plan.workers}")
+    if plan.compact and cluster.asymmetry(plan.workers):
+        raise ValueError(f"a compact template simulates one worker for all {plan.workers}, but on this cluster "
+                         f"they are not interchangeable ({cluster.asymmetry(plan.workers)}); simulate the full plan")
     profile = profile or Profile.default()
     if not isinstance(profile, Profile):
         raise TypeError(f"profile must be a casync.Profile (Profile.load(path) reads a file), got {type(profile).__name__}")
@@ -86,7 +89,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     n_ops, n_actors = len(table), len(table.actors)
     kind, actor_of, bucket_of, priority, round_attr, rank, hop = (table.kind, table.actor, table.bucket,
                                                                    table.priority, table.round, table.rank, table.hop)
-    succ, nbytes, peer = table.succ, table.nbytes, table.peer
+    succ, nbytes, charge, peer = table.succ, table.nbytes, table.charge, table.peer
     duration_of = table.durations(profile)
     node_of = [cluster.node_of(a) for a in table.actors]
 
@@ -203,7 +206,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
                     cause[n] = lane_last[held]
             k = kind[n]
             if k == SEND:
-                duration = profile.store_s(nbytes[n])
+                duration = profile.store_s(charge[n])
             else:
                 duration = duration_of[n] + op_cost
                 key = (actor, bucket_of[n], hop[n])
@@ -256,13 +259,13 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             sender[recv] = n
             dst = peer[n]
             same = node_of[actor] == node_of[dst]
-            size = nbytes[n]
+            size = charge[n]  # its bucket's largest partition's bytes (see casync.sim.optable)
             costs = link_memo.get((size, same))
             if costs is None:
                 costs = link_memo[(size, same)] = profile.link_s(size, same, cluster)
             wire, delay[recv] = costs
             if not same:
-                link_bytes[(table.actors[actor], table.actors[dst])] += size
+                link_bytes[(table.actors[actor], table.actors[dst])] += nbytes[n]
             arrive, stored = now, now > begin[n]
             sent_at[n] = now
             if wire > 0:

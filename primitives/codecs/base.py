@@ -24,8 +24,20 @@ def payload_nbytes(payload: Payload) -> int:
 class Codec(ABC):
     """A gradient compressor.
 
-    Subclasses set ``name`` (the registry key), ``lossless`` and ``sparse``, and
+    Subclasses set ``name`` (the registry key), ``lossless``, ``sparse`` and ``ef_sound``, and
     implement :meth:`encode`, :meth:`decode` and :meth:`compressed_nbytes`.
+
+    **Error feedback.**  Carrying the residual ``x - decode(encode(x))`` into the next step is sound for a
+    *contractive* codec (``E||x - C(x)||^2 <= (1 - delta) ||x||^2``, delta > 0: sign, top-k, random-k without
+    rescaling, casts, thresholds): residuals stay bounded and the time average of what is sent converges to
+    the time average of the input.  An unbiased stochastic codec with variance factor ``omega``
+    (``E||C(x) - x||^2 = omega ||x||^2``: terngrad, qsgd) is not contractive when ``omega >= 1``; plain error
+    feedback then lets residuals grow without bound.  Such a codec sets ``ef_sound = False`` and, if it can,
+    implements :meth:`encode_contractive`: the payload scaled by ``1 / (1 + omega(x))``, which is contractive
+    (``E||x - C'(x)||^2 = omega / (1 + omega) ||x||^2``) and is what error feedback then encodes with
+    (``primitives.ops.run_encode``).  ``ef_sound`` defaults to False, the conservative answer for a codec
+    that does not say: with ``error_feedback="auto"`` (the default) it then runs without error feedback,
+    and an explicit ``error_feedback=True`` is refused unless it offers :meth:`encode_contractive`.
 
     Contract every codec honours (tested for all registered codecs):
 
@@ -41,6 +53,8 @@ class Codec(ABC):
     name: ClassVar[str] = ""
     lossless: ClassVar[bool] = False
     sparse: ClassVar[bool] = False
+    #: plain error feedback is sound for it (it is contractive); see the class docstring
+    ef_sound: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -62,6 +76,24 @@ class Codec(ABC):
         ``x``); sparse codecs override it to touch only the ``k`` entries they send, bit-identically.
         """
         payload = self.encode(x, seed)
+        np.subtract(x, self.decode(payload, x.size), out=x)
+        return payload
+
+    def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
+        """A payload that decodes to ``lambda * C(x)``, ``lambda = 1 / (1 + omega(x))`` with ``omega(x)`` the
+        codec's variance factor at ``x``: the contractive version of an unbiased codec, for error feedback.
+        Same wire size as :meth:`encode`.  Codecs with ``ef_sound = False`` may implement it; the default
+        has none (then error feedback is off for the codec, see :func:`primitives.feedback.resolve`)."""
+        raise NotImplementedError(f"codec {self.name!r} has no contractive version for error feedback")
+
+    @property
+    def has_contractive(self) -> bool:
+        """Whether :meth:`encode_contractive` is implemented."""
+        return type(self).encode_contractive is not Codec.encode_contractive
+
+    def encode_keep_error_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
+        """:meth:`encode_keep_error` with :meth:`encode_contractive`: ``x`` becomes ``x - decode(payload)``."""
+        payload = self.encode_contractive(x, seed)
         np.subtract(x, self.decode(payload, x.size), out=x)
         return payload
 
@@ -142,6 +174,22 @@ def block_sum(a: np.ndarray) -> np.float32:
     m = a.size & ~63
     lanes = np.add.reduce(a[:m].reshape(64, -1), axis=0) if m else a[:0]
     return np.add.reduce(lanes) + np.add.reduce(a[m:])
+
+
+def norms(x: np.ndarray) -> tuple[float, float]:
+    """``(||x||_1, ||x||_2^2)`` of a float32 array, accumulated in float64 over float32 blocks in a
+    CPU-independent order (so every engine and machine computes the same contractive scales)."""
+    l1 = l2 = 0.0
+    buf = scratch("norms", np.float32, min(x.size, CHUNK))
+    for start in range(0, x.size, CHUNK):
+        xc = x[start : start + CHUNK]
+        t = buf[: xc.size]
+        np.abs(xc, out=t)
+        l1 += float(block_sum(t))
+        with np.errstate(over="ignore", under="ignore"):
+            np.multiply(xc, xc, out=t)
+        l2 += float(block_sum(t))
+    return l1, l2
 
 
 def as_input(x: Any) -> np.ndarray:

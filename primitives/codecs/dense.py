@@ -11,6 +11,7 @@ class NoneCodec(Codec):
 
     name = "none"
     lossless = True
+    ef_sound = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return {"values": as_input(x)}
@@ -38,6 +39,7 @@ class FP16Codec(Codec):
     as in PyTorch's ``fp16_compress_hook``."""
 
     name = "fp16"
+    ef_sound = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)

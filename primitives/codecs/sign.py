@@ -25,6 +25,7 @@ class OneBitCodec(Codec):
     """
 
     name = "onebit"
+    ef_sound = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)

@@ -190,6 +190,7 @@ class TopKCodec(_SparseCodec):
     """
 
     name = "topk"
+    ef_sound = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -258,6 +259,7 @@ class RandomKCodec(_SparseCodec):
     """
 
     name = "randomk"
+    ef_sound = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)

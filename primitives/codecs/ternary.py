@@ -20,6 +20,7 @@ from .base import (
     check_seed,
     expand_packed,
     field,
+    norms,
     real_param,
     scratch,
 )
@@ -80,9 +81,14 @@ class TernGradCodec(Codec):
     ``s * sign(x_i) * b_i`` with ``b_i ~ Bernoulli(|x_i| / s)`` — unbiased.
 
     Payload: ``codes`` uint8[ceil(n/4)], ``scale`` float32[1] (= s).
+
+    Its variance is ``s ||x||_1 - ||x||^2``, so ``1 + omega = s ||x||_1 / ||x||^2`` (about 3.4 for Gaussian
+    data of a million elements): plain error feedback is unsound.  :meth:`encode_contractive` sends the
+    same codes with the scale ``||x||^2 / ||x||_1`` instead of ``s``, i.e. the output times ``1 / (1 + omega)``.
     """
 
     name = "terngrad"
+    ef_sound = False
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -105,6 +111,12 @@ class TernGradCodec(Codec):
             pack_codes(x[start : start + CHUNK], fill, codes, start)
         return {"codes": codes, "scale": np.array([s], np.float32)}
 
+    def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
+        payload = self.encode(x, seed)
+        l1, l2 = norms(as_input(x))
+        payload["scale"] = np.array([l2 / l1 if l1 > 0 else 0.0], np.float32)
+        return payload
+
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         n = check_length(n)
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
@@ -122,11 +134,15 @@ class TBQCodec(Codec):
     ``threshold`` (tau) is an absolute magnitude; the default 0.5 is MXNet's
     2-bit compression default.  With error feedback the dropped mass is
     carried to later steps, so tau trades latency of small updates for size.
+    It never sends more than tau per element and step: error feedback is its
+    design (sound while gradients stay below tau; a value persistently above
+    it saturates, with or without error feedback).
 
     Payload: ``codes`` uint8[ceil(n/4)], ``threshold`` float32[1].
     """
 
     name = "tbq"
+    ef_sound = True
 
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = real_param(self.name, "threshold", threshold, "a finite float > 0", lambda v: v > 0)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from casync.bench.grid import Grid, plan_arguments
-from casync.bench.predict import compact_plan, make_plan
+from casync.bench.predict import sim_plan, make_plan
 from casync.bench.setup import local_setup, netem_setup, parse_rate_gbps
 from casync.cli import main
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
@@ -51,7 +51,7 @@ def test_measured_rows_are_predicted_with_the_given_profile_and_the_large_grid_w
     sim = next(r for r in data["simulated"] if r["strategy"] == "ps-twoway" and r["codec"] == "onebit"
                and r["bandwidth_gbps"] == 1.0)
     cluster = ClusterModel.for_workers(8, workers_per_node=1, bandwidth_gbps=1.0)
-    ideal = simulate(compact_plan("tiny", 8, "ps-twoway", "onebit", CODECS, cluster), cluster).sync_time()
+    ideal = simulate(sim_plan("tiny", 8, "ps-twoway", "onebit", CODECS, cluster), cluster).sync_time()
     assert sim["predicted_s"] == pytest.approx(ideal)
 
 

@@ -61,7 +61,7 @@ BUILD_CASES = [
     ("huge partitions", dict(tensors="resnet50", partitions=65536), ValueError, "would have about 8,519,680 ops"),
     ("huge cluster", dict(tensors="tiny", workers=5000, strategy="allgather"), ValueError, "compact=True"),
     ("two_way str", dict(two_way="yes"), TypeError, "two_way must be True or False"),
-    ("error_feedback int", dict(error_feedback=1), TypeError, "error_feedback must be True or False"),
+    ("error_feedback int", dict(error_feedback=1), TypeError, "error_feedback must be 'auto', True or False"),
     ("op max", dict(op="max"), ValueError, "op must be 'mean' or 'sum'"),
     ("bucket_bytes -1", dict(bucket_bytes=-1), ValueError, "bucket_bytes must be >= 0"),
     ("bucket_bytes float", dict(bucket_bytes=1.5), TypeError, "bucket_bytes must be an int"),

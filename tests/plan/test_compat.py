@@ -20,8 +20,12 @@ def test_a_format_1_plan_file_loads_as_the_same_plan():
     old = json.loads((DATA / "plan_v1.json").read_text())
     assert old["version"] == 1 and "tensor" in old["graph"]["nodes"][0][1]
     loaded = casync.SyncPlan.load(DATA / "plan_v1.json")
-    rebuilt = casync.build_plan("tiny", workers=3, strategy="ps", servers=1, codec="topk:ratio=0.1", partitions=2)
+    # the file was built with error_feedback=True, then the default; today's default ("auto") builds the same graph
+    rebuilt = casync.build_plan("tiny", workers=3, strategy="ps", servers=1, codec="topk:ratio=0.1", partitions=2,
+                                error_feedback=True)
     assert loaded == rebuilt
+    default = casync.build_plan("tiny", workers=3, strategy="ps", servers=1, codec="topk:ratio=0.1", partitions=2)
+    assert loaded.to_dict()["graph"] == default.to_dict()["graph"] and loaded.buckets == default.buckets
     assert loaded.to_dict()["version"] == PLAN_VERSION == 2
 
 
