@@ -48,16 +48,19 @@ def node_identity() -> str:
 
 def as_sync_error(exc: BaseException, what: str) -> SyncError:
     """A failure of a gloo call as casync's typed error: a peer that left is a WorkerLostError, a timeout a
-    SyncTimeoutError; anything else a SyncError naming what was being done."""
-    if isinstance(exc, SyncError):
+    SyncTimeoutError; anything else a SyncError naming what was being done.  (The executor wraps transport
+    failures in a plain SyncError; those are classified by their message too.)"""
+    if isinstance(exc, SyncError) and type(exc) is not SyncError:
         return exc
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     lowered = text.lower()
     if "timed out" in lowered or "timeout" in lowered:
         return SyncTimeoutError(f"{what}: {text}")
     if any(s in lowered for s in ("connection closed", "connection reset", "broken pipe", "connection refused",
-                                  "socket closed", "peer")):
+                                  "socket closed", "by peer")):
         return WorkerLostError(f"{what}: a peer left the group ({text})")
+    if isinstance(exc, SyncError):
+        return exc
     return SyncError(f"{what}: {type(exc).__name__}: {text}")
 
 

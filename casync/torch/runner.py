@@ -53,9 +53,12 @@ def check_same_plan(group: CasyncGroup, fingerprint: str, describe: str) -> None
 
 def parameters_crc(tensors: Iterable[Any]) -> int:
     """CRC-32 of parameter values in the given order (as the Trainer's replica check computes it)."""
+    import torch
+
     crc = 0
     for t in tensors:
-        crc = zlib.crc32(np.ascontiguousarray(t.detach().cpu().numpy()).view(np.uint8), crc)
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype (bf16 has no NumPy twin)
+        crc = zlib.crc32(raw.numpy(), crc)
     return crc
 
 
