@@ -69,8 +69,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         options = SyncOptions.make(strategy, codec, error_feedback, min_compress_bytes, nonfinite, plan_options,
                                    fixed_buckets=False)
         self.optimizer = optimizer
-        super().__init__(optimizer.param_groups, optimizer.defaults)
-        self.param_groups, self.state, self.defaults = optimizer.param_groups, optimizer.state, optimizer.defaults
+        # Optimizer's own set-up (step hooks) without re-adding the groups: param_groups, state and defaults
+        # are the wrapped optimizer's (properties below), also after its load_state_dict() replaces them
+        torch.optim.Optimizer.__setstate__(self, {})
         self.backward_passes_per_step = backward_passes_per_step
         self._sync = SyncState(options, process_group, timeout_s, transport, check_every)
         group = self._sync.ensure_group()
@@ -93,6 +94,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._handles = [p.register_post_accumulate_grad_hook(self._hook(n)) for n, p in self._params]
         self.skipped = False  # whether the last synchronize() voided its step (nonfinite="skip")
         self.stats: dict[str, Any] = {}  # the last step: bytes sent, NaN/Inf reports
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
 
     # -- gradients as backward produces them ---------------------------------------------------------------------
     def _reset(self) -> None:
@@ -202,10 +227,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if getattr(self, "_sync", None) is not None:
-            raise ValueError("casync's plan is built when the DistributedOptimizer is made: add parameter groups to "
-                             "the wrapped optimizer before wrapping it")
-        super().add_param_group(param_group)
+        raise ValueError("casync's plan is built when the DistributedOptimizer is made: add parameter groups to the "
+                         "wrapped optimizer before wrapping it")
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
