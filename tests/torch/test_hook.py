@@ -10,6 +10,8 @@ from tests.engines.conformance import SHAPES, step_grads
 from tests.torch.harness import RankError, ok, run_ranks
 
 CONFIGS = [dict(strategy=s, codec=c) for s in ("ring", "ps", "allgather") for c in ("none", "onebit", "topk:ratio=0.1")]
+EXTRA = [dict(strategy="ring", codec="onebit", min_compress_bytes=10_000),  # small buckets stay uncompressed
+         dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=3, bandwidth_gbps=1))]
 
 
 def _reference(plan_data: dict, world: int, start: int, steps: int) -> list[list[dict]]:
@@ -22,13 +24,18 @@ def _reference(plan_data: dict, world: int, start: int, steps: int) -> list[list
 
 def test_hook_is_bit_identical_to_local_engine():
     world, steps = 3, 5
-    results = ok(run_ranks("tests.torch.scenarios:synced_gradients", world, configs=CONFIGS, steps=steps))
-    for index, config in enumerate(CONFIGS):
+    results = ok(run_ranks("tests.torch.scenarios:synced_gradients", world, configs=CONFIGS + EXTRA, steps=steps))
+    for index, config in enumerate(CONFIGS + EXTRA):
         runs = [r[index] for r in results]
         assert all(run["plan"] == runs[0]["plan"] for run in runs), f"{config}: ranks report different plans"
-        assert runs[0]["buckets"] >= 2 and runs[0]["iteration"] == steps
+        assert runs[0]["iteration"] == steps
         plan = casync.SyncPlan.from_dict(runs[0]["plan"])
-        assert {b.strategy for b in plan.buckets} == {config["strategy"]}
+        if config["strategy"] == "auto":  # the planner's own buckets: gradients copied parameter by parameter
+            assert plan.options.get("planner")
+        else:  # DDP's buckets ('big' alone, the rest fused)
+            assert len(plan.buckets) == 2 and {b.strategy for b in plan.buckets} == {config["strategy"]}
+        if "min_compress_bytes" in config:
+            assert sorted(b.codec.name for b in plan.buckets) == ["none", "onebit"]
         start = runs[0]["compressing_from"]
         for step in range(start):  # DDP's first iterations: uncompressed all-reduce, the exact mean
             exact = {n: np.mean([g[n] for g in step_grads(world, step)], axis=0) for n in SHAPES}
