@@ -33,9 +33,9 @@ def plan_fingerprint(plan: SyncPlan, config: Mapping[str, Any] | None = None) ->
     """A hash of everything that decides what a plan does (the planner's timing notes left out), plus the
     configuration the rank asked for: ranks that would run different syncs get different fingerprints."""
     data = plan.to_dict()
-    planner = dict(data["options"].get("planner") or {})
-    planner.pop("seconds", None)
-    if planner:
+    if "planner" in data["options"]:
+        planner = dict(data["options"]["planner"] or {})
+        planner.pop("seconds", None)
         data["options"] = dict(data["options"], planner=planner)
     text = json.dumps({"plan": data, "config": dict(config or {})}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
