@@ -14,6 +14,7 @@ from .errors import (
     NonFiniteGradientError,
     PlanError,
     PlanFormatError,
+    PlanMismatchError,
     ReplicaMismatchError,
     ResourcesUnavailableError,
     SyncError,
@@ -55,7 +56,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'casync' has no attribute {name!r}")
 
 __all__ = ["Bucket", "ClusterModel", "Codec", "Engine", "LocalEngine", "NonFiniteGradientError", "NonFiniteReport",
-           "PlanError", "PlanFormatError", "Profile", "RayEngine", "ReplicaMismatchError", "ResourcesUnavailableError", "Strategy", "SyncError",
+           "PlanError", "PlanFormatError", "PlanMismatchError", "Profile", "RayEngine", "ReplicaMismatchError", "ResourcesUnavailableError", "Strategy", "SyncError",
            "SyncOutput", "SyncPlan", "SyncTimeoutError", "TensorSpec", "Timeline", "Trainer", "WorkerLostError",
            "available_codecs", "available_strategies", "backward_ready_times", "build_plan", "choose_plan",
            "get_codec", "get_strategy", "model_names", "profile", "register_codec", "register_strategy", "simulate"]

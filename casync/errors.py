@@ -24,6 +24,11 @@ class ReplicaMismatchError(SyncError):
     """Workers that must hold bit-identical values do not."""
 
 
+class PlanMismatchError(ReplicaMismatchError):
+    """Ranks of one job built different sync plans (other options, another model or other buckets): their
+    transfers would not match, so nothing is sent."""
+
+
 class NonFiniteGradientError(SyncError, ValueError):
     """A worker's gradient holds NaN or Inf and the plan's ``nonfinite`` mode is ``"raise"``.
 

@@ -11,7 +11,9 @@ setup's command prefix, e.g. inside one network namespace each) that synchronize
   backward pass yields exactly the benchmark gradients, default all-reduce hook (no compression);
 * ``ddp-fp16``     the same with ``default_hooks.fp16_compress_hook``;
 * ``ddp-powersgd-r1`` / ``-r4``  the same with ``powerSGD_hook`` (``matrix_approximation_rank`` 1 or 4,
-  error feedback and warm start on, compressing from the first timed iteration).
+  error feedback and warm start on, compressing from the first timed iteration);
+* ``ddp-casync:<strategy label>:<codec>``  the same with ``casync.torch.comm_hook`` running that casync
+  configuration on DDP's buckets (``casync.bench.hooks``), from its first planned iteration on.
 
 Timing, comparable with casync's sync span (first op of any worker to last op of any worker): per
 iteration every rank passes a barrier, then records wall-clock start and end of its synchronization; the
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..datasets.gradients import exact_mean, model_shapes, worker_flat
+from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
 
 BASELINES: dict[str, str] = {
     "gloo-tensor": "gloo all_reduce, per tensor",
@@ -178,7 +181,8 @@ def _rank_main(args: argparse.Namespace) -> None:
         iters = args.iters
         warmup = args.warmup
         if variant.startswith("ddp"):  # DDP rebuilds its buckets after the first iteration
-            warmup = max(warmup, POWERSGD_START_ITER + 1 if variant.startswith("ddp-powersgd") else 2)
+            warmup = max(warmup, POWERSGD_START_ITER + 1 if variant.startswith("ddp-powersgd") else
+                         HOOK_FIRST_PLANNED_ITER + 1 if is_hook(variant) else 2)
         starts, ends, walls, payload = [], [], [], 4 * numel
         if variant.startswith("gloo"):
             work = torch.empty_like(flat)
@@ -219,16 +223,19 @@ def _rank_main(args: argparse.Namespace) -> None:
                                                     start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True,
                                                     warm_start=True, random_seed=args.seed)
                 hook = powerSGD_hook.powerSGD_hook
+            elif is_hook(variant):
+                state, hook = casync_hook(variant)
             else:
                 raise ValueError(f"unknown baseline {variant!r}; choose from {list(BASELINES)}")
-            if state is not None:
+            powersgd = variant.startswith("ddp-powersgd")
+            if powersgd:
                 hook = _one_bucket_at_a_time(hook)
             ddp.register_comm_hook(state, _timed_hook(hook, marks))
             for i in range(warmup + iters):
                 if i == warmup:
                     tx0 = _tx_bytes()
                 ddp.zero_grad(set_to_none=False)
-                before = (state.total_numel_before_compression, state.total_numel_after_compression) if state else None
+                before = (state.total_numel_before_compression, state.total_numel_after_compression) if powersgd else None
                 marks.clear()
                 dist.barrier()
                 t0 = time.time()
@@ -238,9 +245,12 @@ def _rank_main(args: argparse.Namespace) -> None:
                     starts.append(min(t for k, t in marks if k == "start"))
                     ends.append(max(t for k, t in marks if k == "end"))
                     walls.append(t1 - t0)
-                    if state is not None:
+                    if powersgd:
                         payload = 4 * (state.total_numel_after_compression - before[1])
             reduced = torch.cat([p.grad.reshape(-1) for p in reversed(list(model.weights))])
+            if is_hook(variant):  # what the plan's sends put on the wire, not a ring all-reduce of a payload
+                wire = (state.plan.wire_bytes(), sum(4 * a["numel"] for _, a in state.plan.graph.nodes(data=True)
+                                                     if a["op"] == "send"))
         tx1 = _tx_bytes()
         sent = None if tx0 is None or tx1 is None else (tx1 - tx0) // iters  # barriers included: a few bytes
         gathered: list[Any] = [None] * world
@@ -254,6 +264,8 @@ def _rank_main(args: argparse.Namespace) -> None:
                      "consistent": all(g["probe"] == gathered[0]["probe"] for g in gathered),
                      "warmup": warmup,
                      "link_bytes": None if any(g["sent"] is None for g in gathered) else sum(g["sent"] for g in gathered)}
+            if is_hook(variant):
+                entry["wire_bytes"], entry["dense_wire_bytes"] = wire
             if args.check:
                 exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
                 entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))
@@ -275,9 +287,12 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
     Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds
     ``timeout_s``; every rank process is ended either way.
     """
-    unknown = [v for v in variants if v not in BASELINES]
+    unknown = [v for v in variants if v not in BASELINES and not is_hook(v)]
     if unknown:
-        raise ValueError(f"unknown baseline(s) {unknown}; choose from {list(BASELINES)}")
+        raise ValueError(f"unknown baseline(s) {unknown}; choose from {list(BASELINES)} or ddp-casync:<strategy>:<codec>")
+    for v in variants:
+        if is_hook(v):
+            hook_arguments(v)  # a bad label or codec fails here, not in every rank
     if not variants:
         return {}
     with tempfile.TemporaryDirectory(prefix="casync-baseline-") as tmp:
@@ -319,8 +334,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
             for log in logs:
                 log.close()
     for entry in raw.values():
-        entry["wire_bytes"] = 2 * (workers - 1) * entry["payload_bytes"]
-        entry["dense_wire_bytes"] = 2 * (workers - 1) * entry["dense_bytes"]
+        entry.setdefault("wire_bytes", 2 * (workers - 1) * entry["payload_bytes"])
+        entry.setdefault("dense_wire_bytes", 2 * (workers - 1) * entry["dense_bytes"])
         entry["sync_median_s"] = statistics.median(entry["sync_s"])
     return raw
 

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")
+    p.add_argument("--hooks", type=_list, default=None,
+                   help="'DDP + casync hook' rows: comma-separated strategy/codec (ring/onebit), 'all' (every "
+                        "measured strategy but auto x every codec; the full grid's default) or 'none'")
     p.add_argument("--sim-workers", type=_ints, default=None, help="simulated worker counts (full: 8,16,64)")
     p.add_argument("--sim-bandwidths", type=_floats, default=None, help="simulated link Gbps (full: 1,10,25,100)")
     p.add_argument("--sim-models", type=_list, default=None, help="simulated models (default: the measured ones)")
@@ -74,6 +77,8 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
             changes[field] = value
     if args.baselines is not None:
         changes["baselines"] = () if args.baselines == ("none",) else args.baselines
+    if args.hooks is not None:
+        changes["hooks"] = () if args.hooks == ("none",) else args.hooks
     return grid.with_(**changes)
 
 
@@ -91,10 +96,10 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     grid = grid_from_args(args)
     profile = Profile.load(args.profile) if args.profile else None
     setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
-    if setup.kind == "local" and setup.ray_address is not None and grid.baselines:
+    if setup.kind == "local" and setup.ray_address is not None and (grid.baselines or grid.hook_variants()):
         raise SystemExit(f"{prog}: the gloo/DDP baselines start their ranks on this machine, so against a Ray cluster "
-                         "(--address) they would not share its links; add --baselines none, or use the emulated "
-                         "cluster of benchmarks/netem (--netem)")
+                         "(--address) they would not share its links; add --baselines none --hooks none, or use the "
+                         "emulated cluster of benchmarks/netem (--netem)")
     argv = getattr(args, "argv", None)
     if argv is None:  # `casync bench ...`: what follows the subcommand
         argv = sys.argv[sys.argv.index("bench") + 1:] if "bench" in sys.argv else sys.argv[1:]
@@ -102,6 +107,7 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     if os.environ.get("CASYNC_BENCH_LAUNCH"):  # started by a wrapper (benchmarks/netem/netem.sh run): say how
         command = f"{os.environ['CASYNC_BENCH_LAUNCH']}\n# which ran, inside the emulated cluster:\n{command}"
     print(f"{prog}: {len(grid.cells())} casync configurations + baselines {', '.join(grid.baselines) or 'none'} "
+          f"+ {len(grid.hook_variants())} through the DDP hook "
           f"({setup.describe()}); {0 if args.no_sim else len(grid.sim_cells())} simulated", file=sys.stderr)
     result = run_bench(grid, setup, iters=args.iters, warmup=args.warmup, seed=args.seed, simulate=not args.no_sim,
                        progress=not args.no_progress, command=command, head_to_head=args.head_to_head,

@@ -95,6 +95,9 @@ class Grid:
     #: simulate ``auto`` once per codec (planner candidates none + that codec) besides the all-codecs row;
     #: False keeps only the all-codecs row (each planner call takes seconds at 64 workers)
     sim_auto_per_codec: bool = True
+    #: "DDP + casync hook" rows (``casync.bench.hooks``): ``("all",)`` = every measured strategy label except
+    #: ``auto`` x every codec; or ``"label/codec"`` entries (``"ring/onebit"``); ``()`` none
+    hooks: tuple[str, ...] = ("all",)
 
     def __post_init__(self) -> None:
         labels = strategy_labels()
@@ -118,6 +121,10 @@ class Grid:
         unknown = set(self.baselines) - set(_baseline_names())
         if unknown:
             raise ValueError(f"unknown baseline(s) {sorted(unknown)}; choose from {_baseline_names()}")
+        from .hooks import hook_arguments
+
+        for name in self.hook_variants():
+            hook_arguments(name)  # names what is wrong
 
     def cells(self) -> list[tuple[str, int, str, str]]:
         """Measured cells (model, workers, strategy, codec); ``auto`` also gets the all-codecs row."""
@@ -144,6 +151,21 @@ class Grid:
                         out += [(model, workers, bw, strategy, c) for c in codecs]
         return out
 
+    def hook_variants(self) -> list[str]:
+        """The "DDP + casync hook" rows' names (``ddp-casync:<label>:<codec>``) of this grid."""
+        from .hooks import hook_variant
+
+        if tuple(self.hooks) == ("all",):
+            labels = [s for s in self.strategies if split_transport(s)[0] != "auto" and "@" not in s]
+            return [hook_variant(s, c) for s in labels for c in self.codecs]
+        out = []
+        for entry in self.hooks:
+            label, sep, codec = entry.partition("/")
+            if not sep or not label or not codec:
+                raise ValueError(f"a hook row is 'strategy/codec' (e.g. ring/onebit), or 'all', got {entry!r}")
+            out.append(hook_variant(label, codec))
+        return out
+
     def with_(self, **changes: Any) -> "Grid":
         return replace(self, **changes)
 
@@ -155,7 +177,9 @@ def _baseline_names() -> list[str]:
 
 
 FULL = Grid()
-#: about 3 minutes on 2 cores: ResNet-50, 4 workers, four codecs, every strategy, every baseline;
-#: simulated at 16 and 64 workers on 1, 10 and 100 Gbps (auto: the all-codecs planner only)
+#: about 3 minutes on 2 cores: ResNet-50, 4 workers, four codecs, every strategy, every baseline, two
+#: configurations through the DDP hook; simulated at 16 and 64 workers on 1, 10 and 100 Gbps (auto: the
+#: all-codecs planner only)
 QUICK = Grid(models=("resnet50",), workers=(4,), codecs=("none", "fp16", "onebit", "randomk:ratio=0.01"),
-             sim_workers=(16, 64), sim_bandwidths_gbps=(1.0, 10.0, 100.0), sim_auto_per_codec=False)
+             sim_workers=(16, 64), sim_bandwidths_gbps=(1.0, 10.0, 100.0), sim_auto_per_codec=False,
+             hooks=("ring/onebit", "ps-twoway/randomk:ratio=0.01"))

@@ -11,6 +11,7 @@ from ..drawing import draw_gantt
 from ..table import format_table, markdown_table
 from .baselines import BASELINES, REFERENCE
 from .grid import codec_label, split_transport, strategy_labels
+from .hooks import parse_hook_variant
 from .predict import predict
 from .runner import BenchResult, Row
 
@@ -53,16 +54,15 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
     casync = sorted((r for r in rows if r.system == "casync"),
                     key=lambda r: (order.get(split_transport(r.strategy)[0], 99), split_transport(r.strategy)[1], list(result.grid.codecs).index(r.codec)
                                    if r.codec in result.grid.codecs else 99))
-    for r in [r for r in rows if r.system == "baseline"] + casync:
+    for r in [r for r in rows if r.system == "baseline"] + [r for r in rows if r.system == "hook"] + casync:
         if r.error:
-            body.append([r.system if r.system == "casync" else "torch", _strategy_cell(r), _codec_cell(r),
+            body.append([_system_cell(r), _strategy_cell(r), _codec_cell(r),
                          "failed: " + r.error] + [""] * (len(headers) - 4))
             continue
         pred = r.predicted_s
         link = [_mb(r.link_bytes) if r.link_bytes is not None else ""] if show_link else []
         body.append([
-            "casync" if r.system == "casync" else ("torch DDP" if r.strategy.startswith("ddp") else "torch gloo"),
-            _strategy_cell(r) + (" *" if r is best else ""), _codec_cell(r), _ms(r.sync_s),
+            _system_cell(r), _strategy_cell(r) + (" *" if r is best else ""), _codec_cell(r), _ms(r.sync_s),
             _ms(min(r.sync_all_s)), _ms(max(r.sync_all_s)),
             round(r.speedup[REFERENCE], 2) if REFERENCE in r.speedup else "",
             _mb(r.wire_bytes), *link, round(r.compression, 1),
@@ -71,7 +71,15 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
     return headers, body
 
 
+def _system_cell(r: Row) -> str:
+    if r.system in ("casync", "hook"):
+        return "casync" if r.system == "casync" else "DDP + casync"
+    return "torch DDP" if r.strategy.startswith("ddp") else "torch gloo"
+
+
 def _strategy_cell(r: Row) -> str:
+    if r.system == "hook":
+        return f"comm hook: {parse_hook_variant(r.strategy)[0]}"
     if r.system == "baseline":
         return {"gloo-tensor": "all_reduce per tensor", "gloo-bucket": "all_reduce 25 MiB buckets",
                 "ddp": "DDP allreduce_hook", "ddp-fp16": "DDP fp16_compress_hook",
@@ -82,6 +90,8 @@ def _strategy_cell(r: Row) -> str:
 def _codec_cell(r: Row) -> str:
     if r.system == "baseline":
         return r.codec
+    if r.system == "hook":
+        return codec_label(r.codec)
     if split_transport(r.strategy)[0] == "auto" and r.plan:
         used = sorted({f"{p['strategy']}/{codec_label(_spec(p['codec']))}" for p in r.plan})
         return f"{codec_label(r.codec)} → " + ", ".join(used)
@@ -112,6 +122,31 @@ def summary_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
 
         g, p1, p4 = cell("gloo-bucket"), cell("ddp-powersgd-r1"), cell("ddp-powersgd-r4")
         body.append([model, workers, best.label, _ms(best.sync_s), *g, *p1, *p4, _ms(best.predicted_s)])
+    return headers, body
+
+
+#: PyTorch's own DDP hooks the "DDP + casync hook" rows are compared with
+TORCH_HOOKS = ("ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4")
+
+
+def hook_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
+    """Per group: the fastest casync configuration through DDP's comm hook against PyTorch's own hooks."""
+    headers = ["model", "N", "fastest DDP + casync hook", "sync ms"]
+    for name in TORCH_HOOKS:
+        headers += [f"{BASELINES[name]} ms", "×"]
+    body = []
+    for model, workers in result.groups():
+        group = result.group(model, workers)
+        hooks = sorted((r for r in group if r.system == "hook" and r.ok), key=lambda r: r.sync_s)
+        if not hooks:
+            continue
+        best = hooks[0]
+        base = {r.strategy: r for r in group if r.system == "baseline" and r.ok}
+        row: list[Any] = [model, workers, best.label, _ms(best.sync_s)]
+        for name in TORCH_HOOKS:
+            b = base.get(name)
+            row += [_ms(b.sync_s), round(b.sync_s / best.sync_s, 2)] if b else ["", ""]
+        body.append(row)
     return headers, body
 
 
@@ -168,11 +203,20 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
     L += [f"Gradients: every system syncs the same tensors (worker w: standard normal, seeded by (seed, w)), "
           f"mean over workers; {result.warmup} warm-up + {result.iters} timed iterations per configuration; each "
           "casync configuration runs on a fresh RayEngine. Baselines: " +
-          ", ".join(BASELINES[b] for b in result.grid.baselines) + ".", ""]
+          ", ".join(BASELINES[b] for b in result.grid.baselines) + "; through DDP's comm hook: " +
+          (", ".join(r.label for r in result.rows if r.system == "hook" and r.model == result.rows[0].model
+                     and r.workers == result.rows[0].workers) or "none") + ".", ""]
     L += [MEASURED_DEFINITION + f" Predictions use {result.predicted_with}.", ""]
     headers, body = summary_table(result)
     if body:
         L += ["## Best casync configuration against the baselines", "", markdown_table(headers, body), ""]
+    headers, body = hook_table(result)
+    if body:
+        L += ["## DDP + casync hook against PyTorch's DDP hooks", "",
+              "The same casync configurations through `casync.torch.comm_hook` on a DistributedDataParallel model "
+              "(DDP's 25 MiB buckets), timed like the DDP baselines in the same rank processes: from the first "
+              "bucket's hook call to the last bucket's synchronized result; `×` = that hook's sync time / the "
+              "fastest casync hook row's.", "", markdown_table(headers, body), ""]
     headers, body = head_to_head_table(result)
     if body:
         L += ["## Head to head", "",
@@ -212,6 +256,9 @@ def text_summary(result: BenchResult) -> str:
     for model, workers in result.groups():
         headers, body = group_table(result, model, workers)
         out += [f"{model}, {workers} workers ({result.setup.kind}):", format_table(headers, body), ""]
+    headers, body = hook_table(result)
+    if body:
+        out += ["DDP + casync hook against PyTorch's DDP hooks:", format_table(headers, body), ""]
     headers, body = head_to_head_table(result)
     if body:
         out += ["head to head (interleaved re-measurement):", format_table(headers, body), ""]

@@ -19,12 +19,13 @@ from ..datasets.gradients import exact_mean
 from ..sim.costmodel import Profile
 from .baselines import BASELINES, REFERENCE, run_baselines
 from .grid import Grid, codec_label, split_transport
+from .hooks import is_hook, parse_hook_variant
 from .measure import EngineRun, GradientStore, measure_plan
 from .predict import sim_plan, make_plan, plan_choices, predict, predicted_sync_s
 from .setup import Setup
 
 #: baselines the speed-up table also reports a ratio against (when they ran)
-COMPARE_WITH = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")
+COMPARE_WITH = ("gloo-bucket", "ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4")
 
 
 @dataclass
@@ -33,8 +34,8 @@ class Row:
 
     model: str
     workers: int
-    system: str            # "casync" | "baseline"
-    strategy: str          # casync strategy label, or the baseline's name
+    system: str            # "casync" | "baseline" | "hook" (a casync configuration through DDP's comm hook)
+    strategy: str          # casync strategy label, or the baseline's (hook row's) name
     codec: str             # codec spec ("auto": the planner's pick), or what the baseline sends
     sync_s: float = math.nan           # median sync time over the timed iterations
     sync_all_s: list[float] = field(default_factory=list)
@@ -55,6 +56,9 @@ class Row:
     def label(self) -> str:
         if self.system == "baseline":
             return BASELINES.get(self.strategy, self.strategy)
+        if self.system == "hook":
+            label, codec = parse_hook_variant(self.strategy)
+            return f"DDP + casync hook {label} / {codec_label(codec)}"
         return f"{self.strategy} / {codec_label(self.codec)}"
 
     @property
@@ -178,7 +182,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
     groups = list(dict.fromkeys((m, w) for m, w, _, _ in cells)) or [(m, w) for m in grid.models for w in grid.workers]
     sim_cells = grid.sim_cells() if simulate else []
     h2h_units = len(groups) * head_to_head if grid.baselines and cells else 0
-    bar = tqdm(total=(len(groups) if grid.baselines else 0) + len(cells) + len(sim_cells) + h2h_units, desc="bench",
+    torch_rows = tuple(grid.baselines) + tuple(grid.hook_variants())
+    bar = tqdm(total=(len(groups) if torch_rows else 0) + len(cells) + len(sim_cells) + h2h_units, desc="bench",
                unit="cfg", disable=not progress, dynamic_ncols=True)
     say = log or (lambda msg: bar.write(msg) if progress else None)
     rows: list[Row] = []
@@ -190,10 +195,10 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
                                  + (", its Ray runtime calibrated on this machine" if profile.runtime else ""))
     sim_profile = profile.with_runtime(None) if profile is not None else None
     try:
-        # 1. baselines: real gloo processes, before this process starts or joins Ray
-        for model, workers in groups if grid.baselines else []:
+        # 1. baselines and the DDP hook rows: real gloo processes, before this process starts or joins Ray
+        for model, workers in groups if torch_rows else []:
             bar.set_description(f"baselines {model} N={workers}")
-            rows += _baseline_rows(setup, model, workers, grid.baselines, iters, warmup, seed, say)
+            rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say)
             bar.update(1)
 
         # 2. casync cells on RayEngine
@@ -242,13 +247,15 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
         raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
     except Exception as exc:  # recorded; the comparison goes on without them
         say(f"baselines on {model} N={workers} failed: {exc}")
-        return [Row(model=model, workers=workers, system="baseline", strategy=name, codec="", error=_short(exc))
-                for name in names]
+        return [Row(model=model, workers=workers, system="hook" if is_hook(name) else "baseline", strategy=name,
+                    codec=parse_hook_variant(name)[1] if is_hook(name) else "", error=_short(exc)) for name in names]
     rows = []
     for name in names:
         e = raw[name]
-        rows.append(Row(model=model, workers=workers, system="baseline", strategy=name,
-                        codec=BASELINE_PAYLOAD.get(name, "none"), sync_s=e["sync_median_s"], sync_all_s=e["sync_s"],
+        hook = is_hook(name)
+        rows.append(Row(model=model, workers=workers, system="hook" if hook else "baseline", strategy=name,
+                        codec=parse_hook_variant(name)[1] if hook else BASELINE_PAYLOAD.get(name, "none"),
+                        sync_s=e["sync_median_s"], sync_all_s=e["sync_s"],
                         wall_s=sorted(e["backward_s"])[len(e["backward_s"]) // 2], wire_bytes=e["wire_bytes"],
                         dense_wire_bytes=e["dense_wire_bytes"],
                         compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,

@@ -19,6 +19,7 @@ from casync.sim.simulator import simulate
 STRATEGIES = ("ps-twoway", "auto")
 CODECS = ("none", "onebit")
 BASELINES = ("gloo-bucket", "ddp-fp16", "ddp-powersgd-r1")
+HOOKS = ("ps-twoway/onebit",)
 
 
 #: a profile as `casync profile --calibrate-ray` writes one: micro-benchmark costs plus a Ray runtime
@@ -31,7 +32,8 @@ def bench_run(tmp_path_factory, ray_local):
     out = tmp_path_factory.mktemp("bench")
     profile = CALIBRATED.save(out / "calibrated.json")
     code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", ",".join(STRATEGIES),
-                 "--codecs", ",".join(CODECS), "--baselines", ",".join(BASELINES), "--sim-workers", "8",
+                 "--codecs", ",".join(CODECS), "--baselines", ",".join(BASELINES), "--hooks", ",".join(HOOKS),
+                 "--sim-workers", "8",
                  "--sim-bandwidths", "1,10", "--iters", "2", "--warmup", "0", "--head-to-head", "1", "--out", str(out),
                  "--no-progress", "--profile", str(profile)])
     return code, out, json.loads((out / "bench.json").read_text())
@@ -72,6 +74,11 @@ def test_json_has_every_measured_row_with_sane_values(bench_run):
     expected = {(s, c) for s in STRATEGIES for c in CODECS} | {("auto", "auto")}
     assert set(casync) == expected
     assert {r["strategy"] for r in rows if r["system"] == "baseline"} == set(BASELINES)
+    (hook,) = [r for r in rows if r["system"] == "hook"]
+    assert hook["strategy"] == "ddp-casync:ps-twoway:onebit" and hook["label"] == "DDP + casync hook ps-twoway / onebit"
+    # the same configuration through DDP's buckets: one bit per element on the wire, like the RayEngine row's
+    assert hook["compression"] > 10 and casync[("ps-twoway", "onebit")]["compression"] > 10
+    assert 0 < hook["rel_error"] < 2
     gloo = next(r for r in rows if r["strategy"] == "gloo-bucket")
     for r in rows:
         assert r["error"] is None, r
@@ -125,8 +132,10 @@ def test_json_has_every_simulated_row(bench_run):
 def test_markdown_table_lists_every_row(bench_run):
     _, out, data = bench_run
     text = (out / "bench.md").read_text()
-    table = [line for line in text.splitlines() if line.startswith("| casync |") or line.startswith("| torch")]
+    table = [line for line in text.splitlines() if line.startswith(("| casync |", "| torch", "| DDP + casync |"))]
     assert len(table) == len(data["rows"])
+    assert "## DDP + casync hook against PyTorch's DDP hooks" in text
+    assert "| tiny | 2 | DDP + casync hook ps-twoway / onebit |" in text
     for label in ("all_reduce 25 MiB buckets", "DDP fp16_compress_hook", "DDP powerSGD_hook r1"):
         assert label in text
     for strategy in STRATEGIES:
@@ -147,6 +156,14 @@ def test_grid_rejects_bad_cells():
         Grid(baselines=("nccl",))
     with pytest.raises(ValueError, match="ints >= 2"):
         Grid(workers=(1,))
+    with pytest.raises(ValueError, match="not 'auto'"):
+        Grid(hooks=("auto/onebit",))
+    with pytest.raises(ValueError, match="strategy/codec"):
+        Grid(hooks=("ring",))
+    with pytest.raises(ValueError, match="sevenbit"):
+        Grid(hooks=("ring/sevenbit",))
+    assert Grid(strategies=("ring", "auto"), codecs=("none", "onebit")).hook_variants() == [
+        "ddp-casync:ring:none", "ddp-casync:ring:onebit"]
 
 
 @pytest.mark.parametrize("args, needle", [

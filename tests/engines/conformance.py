@@ -33,9 +33,18 @@ def _ray(transport: str) -> Callable[[casync.SyncPlan], Any]:
     return make
 
 
+@contextmanager
+def _torch_dist(plan: casync.SyncPlan) -> Iterator[Any]:
+    from casync.torch.engine import TorchDistEngine
+
+    with TorchDistEngine(plan, timeout_s=60) as engine:
+        yield engine
+
+
 #: engine name -> (context manager making the engine for a plan, needs Ray)
 ENGINES: dict[str, tuple[Callable[[casync.SyncPlan], Any], bool]] = {
     "local": (_local, False),
+    "torch-dist": (_torch_dist, False),
     "ray-direct": (_ray("direct"), True),
     "ray-gloo": (_ray("gloo"), True),
     "ray-objectstore": (_ray("objectstore"), True),

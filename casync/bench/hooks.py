@@ -1,0 +1,61 @@
+""""DDP + casync hook" rows: the grid's casync configurations run through DDP, beside PyTorch's own hooks.
+
+A row's name is ``ddp-casync:<strategy label>:<codec spec>`` (e.g. ``ddp-casync:ps-twoway:randomk:ratio=0.01``).
+It runs in the baselines' rank processes (``casync.bench.baselines``): the same model whose backward yields the
+benchmark gradients, ``DistributedDataParallel`` with 25 MiB buckets, and ``casync.torch.comm_hook`` with a
+``CasyncState`` of the label's ``build_plan`` arguments — the same strategy and codec as the RayEngine row, on
+DDP's own buckets.  It is timed like the DDP baselines (first hook call to last bucket's future) after the
+uncompressed iterations the hook starts with.  ``auto`` labels are not offered: their plan needs the setup's
+cluster model, which the rank processes do not get.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+HOOK_PREFIX = "ddp-casync"
+#: iterations before the hook runs its plan (DDP rebuilds its buckets in iteration 1; the plan starts at 2)
+HOOK_FIRST_PLANNED_ITER = 2
+
+
+def hook_variant(label: str, codec: str) -> str:
+    """The row name of ``label`` (a strategy label of the grid) with ``codec`` through the DDP hook."""
+    return f"{HOOK_PREFIX}:{label}:{codec}"
+
+
+def is_hook(name: str) -> bool:
+    return name.startswith(HOOK_PREFIX + ":")
+
+
+def parse_hook_variant(name: str) -> tuple[str, str]:
+    """``ddp-casync:ring:onebit`` -> ``("ring", "onebit")``; a bad name raises ValueError naming the choices."""
+    parts = name.split(":", 2)
+    if len(parts) != 3 or parts[0] != HOOK_PREFIX or not parts[1] or not parts[2]:
+        raise ValueError(f"a DDP + casync hook row is named {HOOK_PREFIX}:<strategy label>:<codec>, got {name!r}")
+    return parts[1], parts[2]
+
+
+def hook_arguments(name: str) -> dict[str, Any]:
+    """``CasyncState`` keyword arguments of a row (its strategy label's ``build_plan`` arguments and codec)."""
+    from primitives.codecs import get_codec
+    from strategies import STRATEGIES
+
+    label, codec = parse_hook_variant(name)
+    labels: dict[str, dict[str, Any]] = {}
+    for strategy in STRATEGIES.values():
+        labels.update(strategy.variants())
+    if label not in labels:
+        raise ValueError(f"unknown strategy label {label!r} in {name!r}; the DDP hook rows take "
+                         f"{sorted(labels)} (not 'auto': its plan needs the setup's cluster model)")
+    args = dict(labels[label])
+    if args.get("servers") is not None:
+        raise ValueError(f"{name!r}: dedicated servers do not run in a DDP job; choose co-located PS")
+    get_codec(None if codec == "none" else codec)  # validates, naming the registered codecs
+    args["codec"] = "none" if codec == "none" else codec
+    return args
+
+
+def casync_hook(name: str) -> tuple[Any, Any]:
+    """Inside a rank: the ``CasyncState`` and the hook of the row (the replica check off: it is not sync time)."""
+    import casync.torch as ct
+
+    return ct.CasyncState(check_every=0, **hook_arguments(name)), ct.comm_hook

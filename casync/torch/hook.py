@@ -1,0 +1,311 @@
+"""The DDP communication hook: ``ddp.register_comm_hook(state, casync.torch.comm_hook)``.
+
+DDP calls the hook once per gradient bucket, in bucket order, as backward fills the buckets; the hook returns a
+``torch.futures.Future`` of the synchronized bucket, and DDP copies its value into the gradients when backward
+ends.  With a :class:`~casync.torch.state.CasyncState`:
+
+* **warm-up** — until the plan exists (DDP rebuilds its buckets in iteration 1 in the order gradients became
+  ready; the hook records that layout, and the plan is built with exactly those buckets when iteration 1 ends)
+  and for the first ``start_iter`` iterations, each bucket is all-reduced uncompressed (as float32) on casync's
+  own group.  A state restored from a checkpoint has its plan from the first iteration on.
+* **compressed** — at an iteration's first bucket this rank opens the plan's step (its receives are posted) and
+  a background thread starts running its share of the plan; each bucket's gradient is handed over as DDP
+  passes it in, so later buckets' backward overlaps earlier buckets' sync.  When DDP's buckets are the plan's
+  (the usual case) DDP's flat buffer is the plan bucket's buffer, without a copy; otherwise (a checkpoint's
+  plan on a new layout, or the planner's own buckets) gradients are copied parameter by parameter.  The
+  background thread completes every bucket's future once the step's sync is done.  The last bucket's hook
+  waits for that too (DDP waits at the end of backward anyway), so a failure is raised there with its
+  :mod:`casync.errors` type (a ``SyncError`` after which DDP, like the state, is unusable).
+
+fp16/bf16 buckets (a half-precision model) are synced as float32 on the host and cast back; GPU buckets are
+staged through host memory (the codecs run on the CPU; only compressed payloads cross the network).
+"""
+from __future__ import annotations
+
+import gc
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..errors import SyncError
+from .group import as_sync_error
+from .plans import plan_for_buckets
+from .runner import Background, StepOutcome
+from .state import CasyncState
+
+
+def _host_flat(buffer: torch.Tensor) -> np.ndarray:
+    """A bucket buffer as flat float32 host memory: DDP's own buffer when it already is one (no copy)."""
+    flat = buffer.detach()
+    if flat.device.type != "cpu" or flat.dtype != torch.float32 or not flat.is_contiguous():
+        flat = flat.to(device="cpu", dtype=torch.float32).contiguous()
+    return flat.reshape(-1).numpy()
+
+
+def _back(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A float32 host result as a tensor of the bucket's dtype and device."""
+    out = torch.from_numpy(array)
+    if like.dtype != torch.float32 or like.device.type != "cpu":
+        out = out.to(device=like.device, dtype=like.dtype)
+    return out
+
+
+@dataclass
+class _Entry:
+    """One DDP bucket of the step in flight: its future and where its parameters sit in its buffer."""
+
+    future: torch.futures.Future
+    like: torch.Tensor  # DDP's buffer (dtype, device, size)
+    names: list[str]
+    offsets: list[int]  # element offset of each parameter in DDP's buffer
+    bucket: str | None = None  # the plan bucket when DDP's buffer is exactly it
+
+
+@dataclass
+class _Step:
+    """A compressed iteration in flight on this rank."""
+
+    step: int
+    entries: list[_Entry] = field(default_factory=list)
+    flats: dict[str, np.ndarray] = field(default_factory=dict)  # plan buckets filled parameter by parameter
+    remaining: dict[str, int] = field(default_factory=dict)
+    background: Background | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class HookSession:
+    """The hook's bookkeeping in this process (names of DDP's parameters, the recorded layout, the step in
+    flight); made at the first hook call."""
+
+    def __init__(self, state: CasyncState):
+        self.state = state
+        self.module: Any = None
+        self.names: dict[int, str] = {}
+        self.layout: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
+        self.current: _Step | None = None
+        self.warm: list[torch.futures.Future] = []
+        self.where: dict[str, tuple[str, int, int]] = {}  # parameter -> (plan bucket, offset, numel)
+        self.exact: dict[tuple[str, ...], str] = {}  # DDP bucket's parameter names -> plan bucket with that layout
+        self.stats: dict[str, Any] = {}
+
+    # -- naming DDP's parameters -----------------------------------------------------------------------------
+    def _discover(self) -> None:
+        module = self.state.model
+        if module is None:  # the DDP module this state is registered on
+            from torch.nn.parallel import DistributedDataParallel
+
+            for obj in gc.get_objects():
+                if isinstance(obj, DistributedDataParallel) and any(
+                        s is self.state for _, s in getattr(obj, "_comm_hooks", ())):
+                    module = obj
+                    break
+        if module is None:
+            raise ValueError("casync.torch.comm_hook cannot find the DistributedDataParallel module it is registered "
+                             "on; pass CasyncState(model=ddp_model)")
+        self.module = getattr(module, "module", module)
+        self.names = {id(p): name for name, p in self.module.named_parameters()}
+
+    def _names(self, params: list[torch.Tensor]) -> list[str]:
+        if any(id(p) not in self.names for p in params):
+            self._discover()
+        unknown = [tuple(p.shape) for p in params if id(p) not in self.names]
+        if unknown:
+            raise ValueError(f"DDP's bucket holds parameters of shapes {unknown[:4]} that the model given to "
+                             "CasyncState(model=...) does not have")
+        return [self.names[id(p)] for p in params]
+
+    def synced(self) -> dict[str, tuple[int, ...]]:
+        """The parameters DDP syncs (requires_grad, not in DDP's ignore list): name -> shape."""
+        if self.module is None:
+            self._discover()
+        ignored = set(getattr(self.module, "_ddp_params_and_buffers_to_ignore", ()) or ())
+        return {n: tuple(p.shape) for n, p in self.module.named_parameters() if p.requires_grad and n not in ignored}
+
+    # -- the hook ------------------------------------------------------------------------------------------------
+    def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        state = self.state
+        state.check_usable()
+        try:
+            params = list(bucket.parameters())
+            names = self._names(params)
+            buffer = bucket.buffer()
+            offsets = _offsets(bucket, buffer, params)
+            if state.compressing:
+                return self._compressed(bucket, buffer, names, offsets)
+            return self._warmup(bucket, buffer, names, offsets)
+        except BaseException as exc:  # DDP's reducer is unusable after an exception in a hook; so is the state
+            state.fail(exc)
+            raise
+
+    def _warmup(self, bucket: dist.GradBucket, buffer: torch.Tensor, names: list[str], offsets: list[int]
+                ) -> torch.futures.Future:
+        """Uncompressed: an all-reduce of the bucket (as float32) on casync's control group."""
+        state = self.state
+        group = state.ensure_group()
+        if state.plan is None and state.iter >= 1:  # DDP's rebuilt buckets: the plan's, in buffer order
+            shapes = [tuple(p.shape) for p in bucket.parameters()]
+            self.layout[bucket.index()] = [(n, s) for _, n, s in sorted(zip(offsets, names, shapes))]
+        work = buffer.detach().to(device="cpu", dtype=torch.float32, copy=True)
+        divisor = group.world if state.options.op == "mean" else 1
+
+        def back(fut: torch.futures.Future) -> torch.Tensor:
+            out = fut.value()[0]
+            if divisor != 1:
+                out.div_(divisor)
+            return out if buffer.dtype == torch.float32 and buffer.device.type == "cpu" else \
+                out.to(device=buffer.device, dtype=buffer.dtype)
+
+        future = group.all_reduce_async(work).then(back)
+        self.warm.append(future)
+        if bucket.is_last():
+            warm, self.warm = self.warm, []
+            step = state.iter
+            for f in warm:  # DDP waits for them right after this; a failure is raised here, typed
+                try:
+                    f.wait()
+                except Exception as exc:
+                    raise state.fail(as_sync_error(exc, f"iteration {step}: uncompressed all-reduce")) from exc
+            if state.plan is None and state.iter >= 1:
+                self._build_plan()
+            state.iter += 1
+        return future
+
+    def _build_plan(self) -> None:
+        """The plan of the layout DDP used in this iteration (every rank builds it; the planner runs on rank 0)."""
+        state, group = self.state, self.state.ensure_group()
+        indices = sorted(self.layout)
+        if indices != list(range(len(indices))):
+            raise SyncError(f"DDP called the hook for buckets {indices} in iteration {state.iter}; expected 0..n-1")
+        buckets = [self.layout[i] for i in indices]
+        if state.options.planned:
+            plan = plan_for_buckets(state.options, buckets, group.world) if group.rank == 0 else None
+            plan = group.broadcast_object(plan.to_dict() if plan is not None else None, "sharing the planned plan")
+            from ..plan.syncplan import SyncPlan
+
+            state.plan = SyncPlan.from_dict(plan, source="rank 0's plan")
+        else:
+            state.plan = plan_for_buckets(state.options, buckets, group.world)
+        self.layout = {}
+
+    def _compressed(self, bucket: dist.GradBucket, buffer: torch.Tensor, names: list[str], offsets: list[int]
+                    ) -> torch.futures.Future:
+        state = self.state
+        ctx = self.current
+        if ctx is None:
+            ctx = self.current = self._open()
+        entry = _Entry(torch.futures.Future(), buffer, names, offsets)
+        with ctx.lock:
+            ctx.entries.append(entry)
+        runner = state.runner
+        flat = _host_flat(buffer)
+        exact = self.exact.get(tuple(names))
+        if exact is not None and offsets == self._member_offsets(exact) and flat.size == state.plan.bucket(exact).numel:
+            entry.bucket = exact
+            runner.provide(exact, flat)
+        else:
+            for name, offset in zip(names, offsets):
+                target, start, numel = self.where[name]
+                if target not in ctx.flats:
+                    ctx.flats[target] = np.empty(state.plan.bucket(target).numel, np.float32)
+                    ctx.remaining[target] = len(state.plan.bucket(target).members)
+                ctx.flats[target][start:start + numel] = flat[offset:offset + numel]
+                ctx.remaining[target] -= 1
+                if ctx.remaining[target] == 0:
+                    runner.provide(target, ctx.flats[target])
+        if bucket.is_last():
+            self.current = None
+            try:
+                ctx.background.result(2 * state.timeout_s + 30)
+            except BaseException as exc:
+                raise state.fail(as_sync_error(exc, f"step {ctx.step}")) from exc
+        return entry.future
+
+    def _member_offsets(self, bucket: str) -> list[int]:
+        return [m.offset for m in self.state.plan.bucket(bucket).members]
+
+    def _open(self) -> _Step:
+        """Start a compressed iteration: runner (first time: shared memory, the plan check), the replica check
+        when due, then the step's receives and its background thread."""
+        state = self.state
+        first = state.runner is None
+        if first:
+            state.check_parameters(self.synced())
+            state.ensure_runner()
+            self.where = {}
+            for b in state.plan.buckets:
+                for m in b.members:
+                    self.where[m.spec.name] = (b.name, m.offset, m.spec.numel)
+            self.exact = {tuple(m.spec.name for m in b.members): b.name for b in state.plan.buckets}
+        state.check_plan_once()
+        step = state.iter
+        if first or (state.check_every and step % state.check_every == 0):  # and at this process's first step
+            params = dict(self.module.named_parameters())
+            state.check_params(step, [params[t.name] for t in state.plan.tensors])
+        ctx = _Step(step)
+        state.runner.begin(step)
+        ctx.background = Background(lambda: self._run(ctx), f"casync-step-{step}")
+        return ctx
+
+    def _run(self, ctx: _Step) -> StepOutcome:
+        """Background thread: the step's ops to the end, then every DDP bucket's future."""
+        state = self.state
+        try:
+            outcome = state.runner.run()
+        except BaseException as exc:
+            with ctx.lock:
+                for entry in ctx.entries:
+                    entry.future.set_exception(exc)
+            raise
+        if not outcome.skipped:
+            state.runner.commit(outcome)
+        state.iter = ctx.step + 1
+        self.stats = {"step": ctx.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
+                      "skipped": outcome.skipped, "nonfinite": outcome.nonfinite}
+        with ctx.lock:
+            for entry in ctx.entries:
+                entry.future.set_result(self._result(entry, outcome))
+        return outcome
+
+    def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:
+        if entry.bucket is not None:
+            return _back(outcome.results[entry.bucket], entry.like)
+        out = np.zeros(entry.like.numel(), np.float32)
+        for name, offset in zip(entry.names, entry.offsets):
+            source, start, numel = self.where[name]
+            out[offset:offset + numel] = outcome.results[source][start:start + numel]
+        return _back(out, entry.like)
+
+
+def _offsets(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> list[int]:
+    """Where each parameter's gradient starts in the bucket's flat buffer (from DDP's views into it)."""
+    grads = bucket.gradients()
+    if len(grads) == len(params) and all(g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+                                          for g in grads):
+        return [g.storage_offset() - buffer.storage_offset() for g in grads]
+    offsets, at = [], 0
+    for p in params:
+        offsets.append(at)
+        at += p.numel()
+    return offsets
+
+
+def comm_hook(state: CasyncState, bucket: dist.GradBucket) -> torch.futures.Future:
+    """DDP communication hook running casync's plan: ``ddp.register_comm_hook(CasyncState(...), comm_hook)``.
+
+    Returns a future of the bucket's synchronized gradient (mean over ranks, or sum with ``op="sum"``), bit for
+    bit what :class:`casync.LocalEngine` computes for the same plan, gradients and step."""
+    if not isinstance(state, CasyncState):
+        raise TypeError(f"casync.torch.comm_hook needs a casync.torch.CasyncState as its state, got "
+                        f"{type(state).__name__}")
+    if state.session is None:
+        state.session = HookSession(state)
+    return state.session(bucket)
+
+
+# DDP checks the hook's annotations against these exact objects (this module's are strings)
+comm_hook.__annotations__ = {"state": CasyncState, "bucket": dist.GradBucket,
+                             "return": torch.futures.Future[torch.Tensor]}

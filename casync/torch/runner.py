@@ -1,0 +1,208 @@
+"""One rank's share of a plan, step after step, inside a torch.distributed process.
+
+:class:`PlanRunner` hosts the per-rank executor (:class:`~casync.engines.executor.RankExecutor`, the one the
+Ray actors use) on casync's own process group: :meth:`~PlanRunner.begin` opens a step,
+:meth:`~PlanRunner.provide` hands over a bucket's gradient as soon as backward has produced it (that bucket's
+encodes and transfers start while backward continues), :meth:`~PlanRunner.run` runs the step's ops to the end
+(callers run it on a :class:`Background` thread, so backward goes on meanwhile).  The rank's error-feedback
+residuals are committed by :meth:`~PlanRunner.commit` only, so a failed or voided step leaves them as they
+were.  NaN/Inf are scanned per bucket as it is provided; under ``nonfinite="skip"`` or ``"raise"`` every rank
+votes, so all of them void the same steps.  The consistency guard lives here too: every rank's plan
+fingerprint and parameter CRC are compared on the control group.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from ..engines.executor import RankExecutor
+from ..engines.nonfinite import NonFiniteReport, layouts, scan_worker
+from ..errors import NonFiniteGradientError, PlanMismatchError, ReplicaMismatchError, SyncError, SyncTimeoutError
+from ..plan.syncplan import SyncPlan
+from ..schedule import actor_shares
+from .group import CasyncGroup, as_sync_error
+
+
+def plan_fingerprint(plan: SyncPlan, config: Mapping[str, Any] | None = None) -> str:
+    """A hash of everything that decides what a plan does (the planner's timing notes left out), plus the
+    configuration the rank asked for: ranks that would run different syncs get different fingerprints."""
+    data = plan.to_dict()
+    if "planner" in data["options"]:
+        planner = dict(data["options"]["planner"] or {})
+        planner.pop("seconds", None)
+        data["options"] = dict(data["options"], planner=planner)
+    text = json.dumps({"plan": data, "config": dict(config or {})}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_same_plan(group: CasyncGroup, fingerprint: str, describe: str) -> None:
+    """Every rank's plan fingerprint must be the same; raises :class:`PlanMismatchError` on every rank."""
+    seen = group.gather_object((fingerprint, describe), "comparing the ranks' plans")
+    if len({f for f, _ in seen}) > 1:
+        lines = "; ".join(f"rank {r}: {f} ({d})" for r, (f, d) in enumerate(seen))
+        raise PlanMismatchError(f"the ranks built different sync plans, so their transfers would not match: {lines}. "
+                                "Every rank must pass the same strategy, codec and options and have the same "
+                                "model and gradient buckets")
+
+
+def parameters_crc(tensors: Iterable[Any]) -> int:
+    """CRC-32 of parameter values in the given order (as the Trainer's replica check computes it)."""
+    import torch
+
+    crc = 0
+    for t in tensors:
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)  # any dtype (bf16 has no NumPy twin)
+        crc = zlib.crc32(raw.numpy(), crc)
+    return crc
+
+
+def check_replicas(group: CasyncGroup, crc: int, step: int) -> None:
+    """Every rank's parameter CRC must agree; raises :class:`ReplicaMismatchError` on every rank."""
+    seen = group.gather_object(crc, f"comparing parameters at step {step}")
+    if len(set(seen)) > 1:
+        majority = max(set(seen), key=seen.count)
+        odd = [r for r, c in enumerate(seen) if c != majority]
+        raise ReplicaMismatchError(f"step {step}: the replicas' parameters differ (CRC-32 per rank {seen}); rank(s) "
+                                   f"{odd} drifted from the others. Parameters must be equal at start (broadcast "
+                                   "them from rank 0) and every rank must apply the same update")
+
+
+@dataclass
+class StepOutcome:
+    """What a finished step produced on this rank."""
+
+    step: int
+    results: dict[str, np.ndarray]  # bucket -> flat float32 result
+    residuals: dict[str, np.ndarray]  # the residuals to commit (this rank's keys)
+    skipped: bool = False
+    nonfinite: list[NonFiniteReport] = field(default_factory=list)
+    records: list[tuple] = field(default_factory=list)
+    sent_bytes: int = 0
+    raw_bytes: int = 0
+
+
+class Background:
+    """Runs ``fn()`` on a daemon thread; :meth:`result` joins it and returns its value or raises its error."""
+
+    def __init__(self, fn: Callable[[], Any], name: str):
+        self._fn, self._value, self._error = fn, None, None
+        self.finished = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True, name=name)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self.finished.set()
+
+    def result(self, timeout_s: float) -> Any:
+        if not self.finished.wait(timeout_s):
+            raise SyncTimeoutError(f"{self._thread.name}: not finished within {timeout_s:.0f}s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class PlanRunner:
+    """Runs the share of ``actor`` (default ``worker:<rank>``) of ``plan`` over ``group``, one step at a time."""
+
+    def __init__(self, plan: SyncPlan, group: CasyncGroup, actors: list[str] | None = None):
+        plan.require_executable("casync.torch")
+        self.plan = plan
+        self.group = group
+        names = actors if actors is not None else [f"worker:{r}" for r in range(group.world)]
+        self.actor = names[group.rank]
+        self.rank = int(self.actor.split(":")[1]) if self.actor.startswith("worker:") else -1
+        share = actor_shares(plan)[self.actor]
+        partitions = {b.name: list(b.partitions) for b in plan.buckets}
+        channel = group.channel(plan, names)
+        self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s)
+        self.layouts = {lay.name: lay for lay in layouts(plan)}
+        self.residuals: dict[str, np.ndarray] = {}
+        self.owned = {a["ef_key"] for _, a in plan.graph.nodes(data=True)
+                      if a["op"] == "encode" and a["ef"] and a["actor"] == self.actor}
+        self.step: int | None = None  # the open step
+        self.broken: BaseException | None = None
+        self._reports: list[NonFiniteReport] = []
+
+    # -- a step ------------------------------------------------------------------------------------------------
+    def begin(self, step: int) -> None:
+        """Open ``step``: post its receives (its transfers can arrive from now on)."""
+        self._check_usable()
+        if self.step is not None:
+            raise SyncError(f"{self.actor}: step {step} begun while step {self.step} is still open")
+        try:
+            self.executor.begin(step, self.residuals)
+        except BaseException as exc:
+            self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
+            raise self.broken from exc
+        self.step, self._reports = step, []
+
+    def provide(self, bucket: str, flat: np.ndarray) -> None:
+        """This rank's gradient of plan bucket ``bucket`` (flat float32, read until the step ends)."""
+        flagged: set[tuple[str, int]] = set()
+        layout = self.layouts.get(bucket)
+        if layout is not None and self.rank >= 0:
+            found, flagged = scan_worker([layout], self.rank, {bucket: flat})
+            self._reports.extend(found)
+        self.executor.provide(bucket, flat, flagged)
+
+    def run(self, vote: bool = True) -> StepOutcome:
+        """Run the open step's ops to the end in this thread (they start once :meth:`provide` hands their
+        buckets over).  A failure raises a :class:`~casync.errors.SyncError` subclass and leaves the runner
+        unusable.  Under ``nonfinite="skip"``/``"raise"``, with ``vote``, every rank learns whether any rank's
+        gradient held NaN/Inf (one small all-reduce on the control group): ``"skip"`` voids the step on all of
+        them (zeros, residuals kept), ``"raise"`` raises :class:`~casync.errors.NonFiniteGradientError` on all
+        of them (nothing changed)."""
+        if self.step is None:
+            raise SyncError(f"{self.actor}: no step is open")
+        step, self.step = self.step, None
+        try:
+            results, residuals, records = self.executor.finish()
+        except BaseException as exc:
+            self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
+            raise self.broken from exc
+        outcome = StepOutcome(step, results, residuals, records=records, nonfinite=list(self._reports),
+                              sent_bytes=self.executor.sent_bytes, raw_bytes=self.executor.raw_bytes)
+        mode = self.plan.nonfinite
+        if vote and mode != "propagate":
+            flagged = self.group.all_sum(len(self._reports), f"step {step}: voting on NaN/Inf")
+            if flagged:
+                everyone = self.group.gather_object(self._reports, f"step {step}: gathering NaN/Inf reports")
+                outcome.nonfinite = [r for reports in everyone for r in reports]
+                if mode == "raise":
+                    raise NonFiniteGradientError(outcome.nonfinite, step)
+                outcome.skipped = True
+                outcome.residuals = self.residuals
+                outcome.results = {b: np.zeros_like(r) for b, r in results.items()}
+        return outcome
+
+    def commit(self, outcome: StepOutcome) -> None:
+        """Keep the residuals of a step that was applied."""
+        self.residuals = outcome.residuals
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def set_residuals(self, residuals: Mapping[str, np.ndarray]) -> None:
+        """Restore this rank's residuals (keys this rank's encodes own; checked)."""
+        unknown = sorted(set(residuals) - self.owned)
+        if unknown:
+            raise ValueError(f"{self.actor}: residuals {unknown[:4]} belong to no encode of this rank")
+        self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
+
+    def _check_usable(self) -> None:
+        if self.broken is not None:
+            raise SyncError(f"{self.actor}: this synchronizer failed earlier ({self.broken}); start a new one from "
+                            "the last checkpoint") from self.broken
+
+    def close(self) -> None:
+        """Nothing to release beyond the group (its owner closes it); a failed runner stays unusable."""
+        self.broken = self.broken or SyncError(f"{self.actor}: closed")

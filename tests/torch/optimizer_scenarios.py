@@ -1,0 +1,89 @@
+"""What the ranks of the DistributedOptimizer tests run (see ``harness.run_ranks``)."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+
+import casync.torch as ct
+from tests.engines.conformance import SHAPES, step_grads
+from tests.torch.scenarios import GradientModel, batch, mlp, params
+
+
+def feed(model: torch.nn.Module, grads: dict[str, np.ndarray]) -> None:
+    model({n: torch.from_numpy(g) for n, g in grads.items()}).backward()
+
+
+def synced(rank: int, world: int, steps: int = 4) -> dict[str, Any]:
+    """Gradients after synchronize(): per step one backward pass; then with backward_passes_per_step=2."""
+    model = GradientModel(SHAPES)
+    opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model.named_parameters(),
+                                  strategy="ring", codec="onebit", bucket_bytes=4096, check_every=2)
+    seen = []
+    for step in range(steps):
+        opt.zero_grad()
+        feed(model, step_grads(world, step)[rank])
+        opt.synchronize()
+        seen.append({n: p.grad.numpy().copy() for n, p in model.named_parameters()})
+        opt.step()
+    accumulated = GradientModel(SHAPES)
+    acc = ct.DistributedOptimizer(torch.optim.SGD(accumulated.parameters(), lr=0.0), accumulated.named_parameters(),
+                                  strategy="allgather", codec="topk:ratio=0.1", bucket_bytes=4096,
+                                  backward_passes_per_step=2)
+    for step in range(2):
+        acc.zero_grad()
+        feed(accumulated, step_grads(world, 2 * step)[rank])
+        feed(accumulated, step_grads(world, 2 * step + 1)[rank])
+        acc.step()
+    acc_grads = {n: p.grad.numpy().copy() for n, p in accumulated.named_parameters()}
+    too_many = None
+    try:
+        feed(accumulated, step_grads(world, 0)[rank])
+        feed(accumulated, step_grads(world, 1)[rank])
+        feed(accumulated, step_grads(world, 2)[rank])
+    except RuntimeError as exc:
+        too_many = str(exc)
+    return {"grads": seen, "plan": opt.plan.to_dict(), "acc": acc_grads, "acc_plan": acc.plan.to_dict(),
+            "too_many": too_many}
+
+
+def training(rank: int, world: int) -> dict[str, Any]:
+    """Parameters broadcast from rank 0; clip between synchronize() and step(); an LR scheduler on the wrapper;
+    a checkpoint round trip continues bit for bit."""
+    def make(seed: int) -> tuple[torch.nn.Module, ct.DistributedOptimizer]:
+        model = mlp(seed)
+        opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                      model.named_parameters(), codec="onebit", strategy="ps", bucket_bytes=8192)
+        return model, opt
+
+    def run(model: torch.nn.Module, opt: ct.DistributedOptimizer, steps: range, scheduler: Any) -> list[float]:
+        losses = []
+        for step in steps:
+            x, y = batch(step, rank)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            scheduler.step()
+            losses.append(loss.item())
+        return losses
+
+    model, opt = make(seed=rank)  # different on every rank: rank 0's wins
+    start = params(model)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    losses = run(model, opt, range(4), scheduler)
+    checkpoint = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "sched": scheduler.state_dict()})
+    run(model, opt, range(4, 7), scheduler)
+    straight = params(model)
+    model2, opt2 = make(seed=99)
+    scheduler2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
+    model2.load_state_dict(checkpoint["model"])
+    opt2.load_state_dict(checkpoint["opt"])
+    scheduler2.load_state_dict(checkpoint["sched"])
+    run(model2, opt2, range(4, 7), scheduler2)
+    return {"start": start, "losses": losses, "straight": straight, "resumed": params(model2),
+            "lr": opt.param_groups[0]["lr"]}

@@ -1,0 +1,210 @@
+"""What the ranks of the DDP-hook tests run (each function runs on every rank; see ``harness.run_ranks``)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import casync
+import casync.torch as ct
+from casync.torch.residuals import ef_encodes
+from tests.engines.conformance import SHAPES, step_grads
+
+
+class GradientModel(torch.nn.Module):
+    """Parameters named and shaped as ``shapes``; ``forward(grads)`` is ``sum(p * g)``, so backward leaves
+    exactly ``g`` in ``p.grad``: the hook syncs gradients the test chose."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        for name, shape in shapes.items():
+            self.register_parameter(name, torch.nn.Parameter(torch.zeros(shape)))
+
+    def forward(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sum((p * grads[n]).sum() for n, p in self.named_parameters())
+
+
+def mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 4)).to(dtype)
+
+
+def batch(step: int, rank: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * step + rank)
+    return torch.randn(16, 20, generator=g).to(dtype), torch.randn(16, 4, generator=g).to(dtype)
+
+
+def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5) -> list[dict[str, Any]]:
+    """Per config: every step's gradients after DDP + the hook (fed gradients from ``step_grads``), the plan."""
+    out = []
+    for config in configs:
+        model = DDP(GradientModel(SHAPES), bucket_cap_mb=0.008)  # several buckets: 'big' alone, the rest fused
+        state = ct.CasyncState(check_every=2, **config)
+        model.register_comm_hook(state, ct.comm_hook)
+        seen = []
+        for step in range(steps):
+            grads = step_grads(world, step)[rank]
+            model.zero_grad(set_to_none=False)
+            model({n: torch.from_numpy(g) for n, g in grads.items()}).backward()
+            seen.append({n: p.grad.numpy().copy() for n, p in model.module.named_parameters()})
+        out.append({"grads": seen, "plan": state.plan.to_dict(), "compressing_from": 2,
+                    "buckets": len(state.plan.buckets), "iteration": state.iter})
+    return out
+
+
+def train(model: torch.nn.Module, rank: int, steps: range, hook_state: Any = None, lr: float = 0.05,
+          dtype: torch.dtype = torch.float32) -> tuple[DDP, torch.optim.Optimizer, list[float]]:
+    ddp = DDP(model, bucket_cap_mb=0.004)
+    if hook_state is not None:
+        ddp.register_comm_hook(hook_state, ct.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+    return ddp, opt, run_steps(ddp, opt, rank, steps, dtype)
+
+
+def run_steps(ddp: DDP, opt: torch.optim.Optimizer, rank: int, steps: range, dtype: torch.dtype = torch.float32
+              ) -> list[float]:
+    losses = []
+    for step in steps:
+        x, y = batch(step, rank, dtype)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x).float(), y.float())
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def params(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {n: p.detach().float().numpy().copy() for n, p in model.named_parameters()}
+
+
+def plain_vs_hook(rank: int, world: int, steps: int = 8) -> dict[str, Any]:
+    """The same training with plain DDP and with DDP + the hook (codec none, every step through the plan from
+    iteration 2 on); a half-precision model through the hook too."""
+    plain, _, _ = train(mlp(), rank, range(steps))
+    hooked, _, losses = train(mlp(), rank, range(steps), ct.CasyncState(codec="none", strategy="ring"))
+    half_state = ct.CasyncState(codec="none", strategy="ps")
+    half, _, _ = train(mlp(dtype=torch.bfloat16), rank, range(4), half_state, dtype=torch.bfloat16)
+    return {"plain": params(plain.module), "hook": params(hooked.module), "losses": losses,
+            "half_dtype": str(next(half.module.parameters()).grad.dtype), "half": params(half.module),
+            "half_plan_buckets": len(half_state.plan.buckets)}
+
+
+def resume(rank: int, world: int, codec: str = "onebit", strategy: str = "ring") -> dict[str, Any]:
+    """Train 5 steps, checkpoint (through torch.save / torch.load, weights only), train 4 more; then rebuild
+    everything from the checkpoint and train the same 4 steps.  Also: loading onto another model is refused."""
+    config = dict(codec=codec, strategy=strategy, check_every=3)
+    ddp, opt, _ = train(mlp(), rank, range(5), ct.CasyncState(**config))
+    state = ddp._comm_hooks[0][1]
+    buffer = io.BytesIO()
+    torch.save({"model": ddp.module.state_dict(), "opt": opt.state_dict(), "casync": state.state_dict()}, buffer)
+    run_steps(ddp, opt, rank, range(5, 9))
+    straight = params(ddp.module)
+
+    buffer.seek(0)
+    ckpt = torch.load(buffer, weights_only=True)
+    model = mlp(seed=123)  # other initial values: everything must come from the checkpoint
+    model.load_state_dict(ckpt["model"])
+    restored = ct.CasyncState(**config)
+    restored.load_state_dict(ckpt["casync"])
+    ddp2 = DDP(model, bucket_cap_mb=0.004)  # a fresh DDP: its first iteration's buckets are not the plan's
+    ddp2.register_comm_hook(restored, ct.comm_hook)
+    opt2 = torch.optim.SGD(ddp2.parameters(), lr=0.05, momentum=0.9)
+    opt2.load_state_dict(ckpt["opt"])
+    run_steps(ddp2, opt2, rank, range(5, 9))
+    resumed = params(ddp2.module)
+
+    refused = {}
+    try:
+        ct.CasyncState(codec="topk:ratio=0.1", strategy=strategy).load_state_dict(ckpt["casync"])
+    except ValueError as exc:
+        refused["options"] = str(exc)
+    other = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
+    wrong = ct.CasyncState(**config)
+    wrong.load_state_dict(ckpt["casync"])
+    ddp3 = DDP(other)
+    ddp3.register_comm_hook(wrong, ct.comm_hook)
+    try:
+        ddp3(torch.randn(2, 20)).sum().backward()
+    except ValueError as exc:
+        refused["model"] = str(exc)
+    plan = casync.SyncPlan.from_dict(json.loads(ckpt["casync"]["plan"]))
+    return {"straight": straight, "resumed": resumed, "refused": refused, "plan_roles": sorted(
+        {role for _, role, _, _, _ in ef_encodes(plan)}), "owners": sorted({a for *_, a in ef_encodes(plan)}),
+            "residual_roles": sorted(ckpt["casync"]["residuals"]), "iteration": ckpt["casync"]["iteration"]}
+
+
+def mismatched_plans(rank: int, world: int) -> Any:
+    """Rank 0 asks for onebit, the others for topk: the first compressed step must fail on every rank."""
+    state = ct.CasyncState(codec="onebit" if rank == 0 else "topk:ratio=0.1", timeout_s=20)
+    start = time.monotonic()
+    try:
+        train(mlp(), rank, range(4), state)
+    except Exception as exc:
+        return {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start,
+                "iteration": state.iter}
+    return {"kind": None}
+
+
+def dies(rank: int, world: int, group_timeout: float = 8.0) -> Any:
+    """The last rank exits abruptly before step 3's backward; the others must raise within the group timeout."""
+    state = ct.CasyncState(codec="onebit", timeout_s=group_timeout)
+    ddp, opt, _ = train(mlp(), rank, range(3), state)
+    x, y = batch(3, rank)
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    if rank == world - 1:
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        loss.backward()
+    except Exception as exc:
+        return {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start,
+                "error": type(state.error).__name__}
+    return {"kind": None}
+
+
+def nonfinite(rank: int, world: int) -> dict[str, Any]:
+    """NaN in rank 0's gradient at step 3: propagated bit-identically to every rank; under 'skip' the step
+    is voided on every rank (zeros) and the residuals stay as they were."""
+    out = {}
+    for mode in ("propagate", "skip"):
+        model = DDP(GradientModel(SHAPES), bucket_cap_mb=0.008)
+        state = ct.CasyncState(codec="onebit", nonfinite=mode)
+        model.register_comm_hook(state, ct.comm_hook)
+        seen = []
+        for step in range(5):
+            grads = step_grads(world, step)[rank]
+            if step == 3 and rank == 0:
+                grads["big"][7] = np.nan
+            model.zero_grad(set_to_none=False)
+            before = {k: v.copy() for k, v in state.runner.residuals.items()} if state.runner else {}
+            model({n: torch.from_numpy(g) for n, g in grads.items()}).backward()
+            seen.append({n: p.grad.numpy().copy() for n, p in model.module.named_parameters()})
+            if step == 3:
+                after = state.runner.residuals
+                out[f"{mode}_residuals_kept"] = before.keys() == after.keys() and all(
+                    np.array_equal(before[k], after[k]) for k in before)
+                out[f"{mode}_skipped"] = state.session.stats["skipped"]
+        out[mode] = seen
+    return out
+
+
+def drift(rank: int, world: int) -> Any:
+    """Rank 1 changes a parameter after step 3: the replica check at step 4 must fail on every rank."""
+    state = ct.CasyncState(codec="onebit", check_every=4, timeout_s=20)
+    ddp, opt, _ = train(mlp(), rank, range(4), state)
+    if rank == 1:
+        with torch.no_grad():
+            next(ddp.module.parameters())[0, 0] += 1.0
+    try:
+        run_steps(ddp, opt, rank, range(4, 6))
+    except Exception as exc:
+        return {"kind": type(exc).__name__, "message": str(exc), "iteration": state.iter}
+    return {"kind": None}

@@ -1,0 +1,65 @@
+"""The examples as users run them: ``torchrun`` with 2 processes, and Ray Train on an embedded local Ray."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "")
+                                                                      .split(os.pathsep) if p]), OMP_NUM_THREADS="1")
+
+
+def _torchrun(*args: str) -> str:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    run = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2",
+                          str(ROOT / "examples" / "torchrun_ddp.py"), *args], capture_output=True, text=True,
+                         env=_env(), cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def test_torchrun_example_trains_and_resumes_exactly(tmp_path):
+    ckpt = str(tmp_path / "ckpt.pt")
+    straight = _torchrun("--codec", "onebit", "--steps", "40", "--checkpoint", ckpt, "--save-at", "20")
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", straight)]
+    assert losses[-1] < losses[0], straight
+    assert f"saved {ckpt} after step 20" in straight
+    sent, raw = (int(x.replace(",", "")) for x in re.search(r"rank 0: ([\d,]+) of ([\d,]+) raw", straight).groups())
+    assert 0 < sent < raw / 10  # onebit on the wire
+    resumed = _torchrun("--codec", "onebit", "--steps", "40", "--checkpoint", ckpt, "--resume")
+    crc = re.compile(r"parameters crc ([0-9a-f]{8})")
+    assert crc.search(resumed).group(1) == crc.search(straight).group(1), resumed
+
+
+DRIVER = """
+import glob, json, runpy, sys
+example = runpy.run_path(sys.argv[1], run_name="ray_train_example")  # functions pickled by value for the workers
+storage = sys.argv[2]
+first = example["main"](["--epochs", "2", "--steps", "8", "--storage", storage + "/a"])
+epoch1 = sorted(glob.glob(storage + "/a/casync_ray_train/checkpoint_*"))[0]
+second = example["main"](["--epochs", "2", "--steps", "8", "--storage", storage + "/b", "--resume", epoch1])
+print("RESULT", json.dumps([first["metrics"], second["metrics"]]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_train_example_runs_and_resumes_exactly(tmp_path):
+    run = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "examples" / "ray_train.py"), str(tmp_path)],
+                         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=540)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    import json
+
+    first, second = json.loads(run.stdout.split("RESULT", 1)[1])
+    assert first["epoch"] == second["epoch"] == 2
+    assert first["crc"] == second["crc"]  # resumed from epoch 1's checkpoint: the same parameters, bit for bit
+    assert 0 < first["sent_bytes"]

@@ -1,0 +1,116 @@
+"""The DDP communication hook on real gloo ranks: bit for bit LocalEngine, plain DDP's training without
+compression, exact resume from a checkpoint, and clear errors for mismatched plans, drift and a dead rank."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import casync
+from tests.engines.conformance import SHAPES, step_grads
+from tests.torch.harness import RankError, ok, run_ranks
+
+CONFIGS = [dict(strategy=s, codec=c) for s in ("ring", "ps", "allgather") for c in ("none", "onebit", "topk:ratio=0.1")]
+EXTRA = [dict(strategy="ring", codec="onebit", min_compress_bytes=10_000),  # small buckets stay uncompressed
+         dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=3, bandwidth_gbps=1))]
+
+
+def _reference(plan_data: dict, world: int, start: int, steps: int) -> list[list[dict]]:
+    """LocalEngine's results for the steps from ``start`` on (the hook's earlier iterations were uncompressed)."""
+    plan = casync.SyncPlan.from_dict(plan_data)
+    engine = casync.LocalEngine(plan)
+    engine.load_state_dict({"version": 1, "step": start, "workers": world, "residuals": {}})
+    return [engine.sync(step_grads(world, step)) for step in range(start, steps)]
+
+
+def test_hook_is_bit_identical_to_local_engine():
+    world, steps = 3, 5
+    results = ok(run_ranks("tests.torch.scenarios:synced_gradients", world, configs=CONFIGS + EXTRA, steps=steps))
+    for index, config in enumerate(CONFIGS + EXTRA):
+        runs = [r[index] for r in results]
+        assert all(run["plan"] == runs[0]["plan"] for run in runs), f"{config}: ranks report different plans"
+        assert runs[0]["iteration"] == steps
+        plan = casync.SyncPlan.from_dict(runs[0]["plan"])
+        if config["strategy"] == "auto":  # the planner's own buckets: gradients copied parameter by parameter
+            assert plan.options.get("planner")
+        else:  # DDP's buckets ('big' alone, the rest fused)
+            assert len(plan.buckets) == 2 and {b.strategy for b in plan.buckets} == {config["strategy"]}
+        if "min_compress_bytes" in config:
+            assert sorted(b.codec.name for b in plan.buckets) == ["none", "onebit"]
+        start = runs[0]["compressing_from"]
+        for step in range(start):  # DDP's first iterations: uncompressed all-reduce, the exact mean
+            exact = {n: np.mean([g[n] for g in step_grads(world, step)], axis=0) for n in SHAPES}
+            for rank, run in enumerate(runs):
+                for name in SHAPES:
+                    np.testing.assert_allclose(run["grads"][step][name], exact[name], rtol=1e-5, atol=1e-6)
+        want = _reference(runs[0]["plan"], world, start, steps)
+        for step in range(start, steps):
+            for rank, run in enumerate(runs):
+                for name in SHAPES:
+                    assert np.array_equal(run["grads"][step][name], want[step - start][rank][name]), \
+                        f"{config}, step {step}, rank {rank}, {name}: differs from LocalEngine"
+
+
+def test_hook_with_codec_none_trains_like_plain_ddp():
+    results = ok(run_ranks("tests.torch.scenarios:plain_vs_hook", 2))
+    for r in results:
+        for name, value in r["plain"].items():
+            np.testing.assert_allclose(r["hook"][name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+        assert r["losses"][-1] < r["losses"][0]
+        assert r["half_dtype"] == "torch.bfloat16" and r["half_plan_buckets"] >= 2  # cast back, DDP's buckets
+    for name in results[0]["hook"]:
+        assert np.array_equal(results[0]["hook"][name], results[1]["hook"][name])
+        assert np.array_equal(results[0]["half"][name], results[1]["half"][name])
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ps"])
+def test_state_dict_round_trip_continues_bit_identically(strategy):
+    results = ok(run_ranks("tests.torch.scenarios:resume", 2, strategy=strategy))
+    for rank, r in enumerate(results):
+        for name, value in r["straight"].items():
+            assert np.array_equal(r["resumed"][name], value), f"rank {rank}, {name}: resumed run differs"
+        assert r["iteration"] == 5
+        assert r["residual_roles"] == r["plan_roles"] and r["owners"] == ["worker:0", "worker:1"]  # every rank's
+        assert "codec=['onebit', {}] (now ['topk', {'ratio': 0.1}])" in r["refused"]["options"]
+        assert "does not fit this model's gradients" in r["refused"]["model"]
+        assert "parameters in the plan but not synced now: ['4.bias', '4.weight']" in r["refused"]["model"]
+        assert "2.weight (32, 64) -> (5, 64)" in r["refused"]["model"]
+
+
+def test_ranks_with_different_plans_fail_clearly_on_every_rank():
+    results = run_ranks("tests.torch.scenarios:mismatched_plans", 2)
+    for r in results:
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "PlanMismatchError", r
+        assert "the ranks built different sync plans" in r["message"] and "rank 1:" in r["message"]
+        assert r["iteration"] == 2  # the two uncompressed iterations ran; nothing was sent with the plans
+
+
+def test_replica_drift_is_caught_on_every_rank():
+    for r in run_ranks("tests.torch.scenarios:drift", 2):
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "ReplicaMismatchError", r
+        assert "step 4" in r["message"] and "drifted" in r["message"]
+
+
+def test_a_dead_rank_is_a_typed_error_within_the_timeout_on_the_others():
+    timeout_s = 8.0
+    results = run_ranks("tests.torch.scenarios:dies", 3, group_timeout=timeout_s)
+    assert isinstance(results[2], RankError) and results[2].kind == "died"
+    for r in results[:2]:
+        assert not isinstance(r, RankError), r
+        assert r["kind"] in ("WorkerLostError", "SyncTimeoutError"), r
+        assert r["error"] == r["kind"]
+        assert r["elapsed"] < timeout_s + 10, r
+
+
+def test_nonfinite_gradients_propagate_or_skip_alike_on_every_rank():
+    world = 2
+    results = ok(run_ranks("tests.torch.scenarios:nonfinite", world))
+    for r in results:
+        assert r["propagate_skipped"] is False and r["skip_skipped"] is True
+        assert r["skip_residuals_kept"] is True
+        assert np.isnan(r["propagate"][3]["big"][7]) and np.isfinite(np.delete(r["propagate"][3]["big"], 7)).all()
+        for name in SHAPES:
+            assert not r["skip"][3][name].any()  # voided: zeros on every rank
+            assert np.array_equal(r["propagate"][3][name], results[0]["propagate"][3][name], equal_nan=True)
+    assert all(np.array_equal(results[0]["skip"][4][n], results[1]["skip"][4][n]) for n in SHAPES)
