@@ -442,7 +442,7 @@ def test_cli_unreachable_cluster_fails_fast():
     import time
 
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "casync", "bench", "--model", "tiny", "--baselines", "none", "--address", "127.0.0.1:1",
+    done = subprocess.run([sys.executable, "-m", "casync", "bench", "--model", "tiny", "--baselines", "none", "--hooks", "none", "--address", "127.0.0.1:1",
                            "--no-progress"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "casync: error: no Ray cluster reachable at '127.0.0.1:1'" in done.stderr.strip().splitlines()[-1]
