@@ -57,6 +57,7 @@ from casync.bench.predict import make_plan, predict
 from casync.bench.runner import machine_info
 from casync.bench.setup import local_setup
 from casync.datasets.gradients import exact_mean, model_numel
+from casync.sim.costmodel import Profile
 from casync.table import markdown_table
 
 CONFIGS = ("ring/none", "ring/onebit", "ps-twoway/randomk:ratio=0.01")
@@ -147,9 +148,9 @@ def send_bytes(plan) -> float:
     return sum(sends) / len(plan.actors)
 
 
-def predicted(plan, cluster) -> dict[str, float]:
+def predicted(plan, cluster, profile=None) -> dict[str, float]:
     """The simulator's span and, per actor on average, its compute-lane and egress-lane (transfer) seconds."""
-    timeline = predict(plan, cluster)
+    timeline = predict(plan, cluster, profile)
     per_kind: dict[str, float] = {}
     for r in timeline.records:
         kind = r["lane"].split("/")[-1].rstrip("0123456789")
@@ -237,7 +238,7 @@ def render(result: dict[str, Any]) -> str:
          f"configuration on a fresh RayEngine, {result['iters']} syncs after a warm-up, then gloo; medians over all "
          f"{rounds * result['iters']} syncs. gloo: all_reduce + divide, {result['workers']} processes on loopback, "
          f"barrier to barrier, {result['iters']} iterations, run before the first round and after every round "
-         f"(ratios against the median of all). Simulator: `{result['cluster']}`, packaged profile.", ""]
+         f"(ratios against the median of all). Simulator: `{result['cluster']}`, profile: {result.get('profile', 'packaged')}.", ""]
 
     head = ["configuration", "transport", "sync span ms (min–max)", "run_flat wall ms", "Ray calls",
             "× gloo 25 MiB buckets", "× gloo per tensor", "simulator ms", "× simulator", "rel err"]
@@ -300,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--configs", default=",".join(CONFIGS), help="strategy/codec pairs, comma-separated")
     p.add_argument("--transport", default=None, help="RayEngine transport(s), comma-separated (when RayEngine has one)")
+    p.add_argument("--profile", default=None,
+                   help="the simulator's profile (a casync profile JSON; default: the packaged one). The data-plane "
+                        "goal compares with benchmarks/results/profile_before_dataplane.json")
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat [every configuration, then gloo] this many times and pool the syncs (a shared "
                         "machine's load moves; rounds spread it over all configurations)")
@@ -313,11 +317,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     setup = local_setup()
     cluster = setup.cluster_model(args.workers)
+    profile = Profile.load(args.profile) if args.profile else None
     configs = [c.strip().split("/", 1) for c in args.configs.split(",") if c.strip()]
     codecs = tuple(codec for _, codec in configs)
     result: dict[str, Any] = {"machine": machine_info(), "command": command, "model": args.model,
                               "workers": args.workers, "iters": args.iters, "rounds": args.rounds,
-                              "cluster": repr(cluster),
+                              "cluster": repr(cluster), "profile": args.profile or "packaged",
                               "gloo": [], "runs": []}
     import ray
 
@@ -330,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     plans = {f"{strategy}/{codec}": make_plan(args.model, args.workers, strategy, codec, codecs, cluster)
              for strategy, codec in configs}
     runs = {(label, t): {"config": label, "transport": t, "actors": len(plan.actors), "send_bytes": send_bytes(plan),
-                         "sim": predicted(plan, cluster), "syncs": [], "consistent": True}
+                         "sim": predicted(plan, cluster, profile), "syncs": [], "consistent": True}
             for t in transports for label, plan in plans.items()}
     exact = exact_mean(args.model, args.workers)
     try:

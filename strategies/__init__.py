@@ -52,5 +52,8 @@ def available_strategies() -> list[str]:
 for _builtin in (Ring(), ParameterServer(), AllGather()):
     register_strategy(_builtin)
 
-__all__ = ["IDENTITY", "STRATEGIES", "AllGather", "GraphBuilder", "ParameterServer", "Ring", "Strategy", "Unit",
+#: the strategies every process has without registering anything
+BUILT_IN: tuple[str, ...] = tuple(STRATEGIES)
+
+__all__ = ["BUILT_IN", "IDENTITY", "STRATEGIES", "AllGather", "GraphBuilder", "ParameterServer", "Ring", "Strategy", "Unit",
            "available_strategies", "get_strategy", "register_strategy", "stable_hash", "unregister_strategy"]

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from strategies import BUILT_IN, get_strategy, register_strategy
+
 from ..engines.contract import EngineBase, fresh_results
 from ..engines.inputs import check_flats
 from ..engines.nonfinite import SyncOutput, layouts, scan_worker, void_step, voids_step
@@ -40,9 +42,11 @@ def own_resource_tracker() -> None:
 
 
 def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: dict, timeout_s: float,
-               transport: str) -> None:
+               transport: str, custom: list[Any]) -> None:
     """One rank: join the job, make casync's groups, then serve the driver's requests until told to stop."""
     try:
+        for strategy in custom:  # strategies registered in the driver (a torchrun rank's own script registers its)
+            register_strategy(strategy, replace=True)
         import torch
         import torch.distributed as dist
 
@@ -115,12 +119,13 @@ class TorchDistEngine(EngineBase):
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "torch.distributed", "casync.torch.runner"])
         port, data = free_port("127.0.0.1"), plan.to_dict()
+        custom = [get_strategy(name) for name in sorted({b.strategy for b in plan.buckets}) if name not in BUILT_IN]
         self._conns, self._procs = [], []
         try:
             for rank in range(len(self.actors)):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_rank_main, args=(child, rank, self.actors, port, data, self.timeout_s,
-                                                            transport), daemon=True, name=f"casync-{self.actors[rank]}")
+                                                            transport, custom), daemon=True, name=f"casync-{self.actors[rank]}")
                 proc.start()
                 child.close()
                 self._conns.append(parent)
