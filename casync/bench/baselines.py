@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..datasets.gradients import exact_mean, model_shapes, worker_flat
+from ..engines.memory import keep_freed_memory
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
 
 BASELINES: dict[str, str] = {
@@ -162,6 +163,7 @@ def _rank_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+    keep_freed_memory()  # what `import casync.torch` at the top of a script does, before torch starts threads
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=args.timeout))

@@ -16,10 +16,10 @@ import ray
 from primitives.ir import Actor
 
 from ..engines.executor import RankExecutor
+from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import ActorShare
 from .data_plane import DataPlaneMember
-from .ray_actor import _keep_freed_memory
 
 
 class ExecutorActor(DataPlaneMember):
@@ -27,7 +27,7 @@ class ExecutorActor(DataPlaneMember):
 
     def __init__(self, name: str, share: ActorShare, codecs: dict, plan_seed: int,
                  partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float):
-        _keep_freed_memory()
+        keep_freed_memory()
         self.name = name
         self.actor = Actor.parse(name)
         self.share, self.codecs, self.plan_seed, self.partitions = share, codecs, plan_seed, partitions

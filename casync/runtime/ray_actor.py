@@ -10,25 +10,9 @@ import ray
 from primitives.ir import Actor
 from primitives.ops import run_node
 
+from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import FusedTask
-
-
-def _keep_freed_memory() -> None:
-    """Let the actor's heap keep freed buffers (glibc only; a no-op elsewhere).
-
-    Every op allocates fresh part-sized arrays (0.1-10 MB); glibc serves those with mmap and unmaps them on
-    free, so each is page-faulted in again on the next step (measured to double op time).  Raising the mmap
-    and trim thresholds lets later steps reuse the same pages.
-    """
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD: blocks below 256 MiB come from the heap
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap for reuse
-    except (OSError, AttributeError):
-        pass
 
 
 class SyncActor:
@@ -43,7 +27,7 @@ class SyncActor:
 
     def __init__(self, name: str, tasks: list[FusedTask], codecs: dict, plan_seed: int,
                  partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout] | None = None):
-        _keep_freed_memory()
+        keep_freed_memory()
         self.name = name
         self.tasks = {t.id: t for t in tasks}
         self.codecs = codecs

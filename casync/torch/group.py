@@ -23,6 +23,7 @@ import socket
 import uuid
 from typing import Any, Sequence
 
+from ..engines.memory import keep_freed_memory
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
@@ -30,26 +31,6 @@ from ..transport.shm import ShmChannel, arenas
 from ..transport.torchdist import TorchChannel
 
 TRANSPORTS = ("direct", "gloo")
-
-
-def keep_freed_memory() -> None:
-    """Let this process's heap keep freed buffers (glibc only), as casync's Ray actors do.
-
-    Every op of a step allocates fresh partition-sized arrays (0.1-10 MB); glibc serves those with mmap and
-    unmaps them on free, so each is page-faulted in again the next step (measured to double op time).  Raising
-    the mmap and trim thresholds lets later steps reuse the pages; the process keeps up to 1 GiB of freed heap.
-    ``CASYNC_KEEP_FREED_MEMORY=0`` leaves the allocator alone.
-    """
-    if os.environ.get("CASYNC_KEEP_FREED_MEMORY", "1") == "0":
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD: blocks below 256 MiB come from the heap
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap for reuse
-    except (OSError, AttributeError):
-        pass
 
 
 def node_identity() -> str:
