@@ -147,8 +147,8 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     last, last_end = -1, -math.inf  # the op that ends last (the first such, in processing order)
     # the one schedule's priority: an actor's free lane takes its most urgent waiting op
     urgency = [0] * n_ops
-    for position, n in enumerate(sorted(range(n_ops), key=lambda n: priority_key(priority[n], hop[n], round_attr[n],
-                                                                                 rank[n]))):
+    keys = list(map(priority_key, priority, hop, round_attr, rank))
+    for position, n in enumerate(sorted(range(n_ops), key=keys.__getitem__)):
         urgency[n] = position
     queues: list[list[tuple[int, int]]] = [[] for _ in range(n_actors)]  # per actor: (urgency, op) ready
     events: list[tuple[float, int, int, int]] = []  # (time, kind, seq, op or actor)
@@ -293,7 +293,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             indeg[recv] -= 1
             if indeg[recv] == 0:
                 push(events, (recv_ready, _READY, recv, recv))
-        for actor in sorted(touched):
+        for actor in (touched if len(touched) == 1 else sorted(touched)):
             dispatch(actor, now)
         touched.clear()
     if done != n_ops:
