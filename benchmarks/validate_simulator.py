@@ -27,7 +27,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 import casync
-from casync.runtime.calibrate import calibration_plans, fit_runtime, measure_dispatch, measure_timelines, sync_span
+from casync.runtime.calibrate import (calibration_plans, fit_direct_runtime, fit_runtime, measure_dispatch,
+                                     measure_timelines, sync_span)
 from casync.runtime.ray_layer import connect_ray
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
@@ -44,8 +45,17 @@ HEADERS = ["strategy", "codec", "N", "measured ms", "spread ms", "predicted ms",
 
 def _describe(runtime) -> str:
     scales = ", ".join(f"{k} x{v:.1f}" for k, v in sorted(runtime.op_scale.items()))
+    if runtime.plane != "objectstore":
+        return f"{scales}; per op {runtime.op_gap_s * 1e3:.2f} ms; hop {runtime.hop.a * 1e3:.2f} ms"
     return (f"{scales}; gap {runtime.task_gap_s * 1e3:.1f} ms; hop {runtime.hop.a * 1e3:.1f} ms; "
             f"dispatch {runtime.dispatch_s * 1e3:.2f} ms")
+
+
+def _fit(runs, base: Profile, cores: int, transport: str):
+    """The runtime's costs fitted from calibration runs on ``transport``."""
+    if transport == "objectstore":
+        return fit_runtime(runs, base, cores=cores, dispatch_s=measure_dispatch(iters=10))
+    return fit_direct_runtime(runs, base, cluster=ClusterModel(nodes=1, workers_per_node=2, cores_per_node=cores))
 
 
 def main() -> None:
@@ -54,6 +64,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--calibration-iters", type=int, default=4)
     parser.add_argument("--profile", default=None, help="micro-benchmark profile JSON (default: the packaged one)")
+    parser.add_argument("--transport", default="direct", choices=["direct", "objectstore"],
+                        help="RayEngine's data plane, measured and calibrated")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     base = Profile.load(args.profile) if args.profile else Profile.default()
@@ -65,11 +77,11 @@ def main() -> None:
     for strategy, codec, workers in tqdm(CONFIGS, desc="validating"):
         # calibrate right before each measurement: the machine's load drifts within minutes
         cal_plans = calibration_plans(configs=[("ring", codec), ("ps", codec)])
-        runs = [(p, measure_timelines(p, args.calibration_iters)) for p in cal_plans]
-        runtime = fit_runtime(runs, base, cores=cores, dispatch_s=measure_dispatch(iters=10))
+        runs = [(p, measure_timelines(p, args.calibration_iters, transport=args.transport)) for p in cal_plans]
+        runtime = _fit(runs, base, cores, args.transport)
         calibrated = base.with_runtime(runtime)
         plan = casync.build_plan(args.model, workers=workers, strategy=strategy, codec=codec)
-        spans = [sync_span(rows_) for rows_ in measure_timelines(plan, args.iters)]
+        spans = [sync_span(rows_) for rows_ in measure_timelines(plan, args.iters, transport=args.transport)]
         measured = statistics.median(spans)
         q1, _, q3 = statistics.quantiles(spans, n=4)
         cluster = ClusterModel(nodes=1, workers_per_node=workers, cores_per_node=cores)
@@ -90,11 +102,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     text = (f"# Simulator validation ({args.model})\n\nGenerated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
             f"in {time.time() - started:.0f} s by\n\n"
-            f"```\npython benchmarks/validate_simulator.py --model {args.model} --iters {args.iters}\n```\n\n"
+            f"```\npython benchmarks/validate_simulator.py --model {args.model} --iters {args.iters} "
+            f"--transport {args.transport}\n```\n\n"
             f"Machine: {cores} cores, shared with other jobs (noisy; the load drifts within minutes). Measured: "
-            f"RayEngine on an embedded local Ray, median sync span of {args.iters} steps after a warm-up (spread: "
+            f"RayEngine (transport={args.transport!r}) on an embedded local Ray, median sync span of {args.iters} steps after a warm-up (spread: "
             f"quartiles). Predicted: `casync.simulate` on `ClusterModel(nodes=1, cores_per_node={cores})` with the "
-            f"packaged micro-benchmark profile plus the Ray runtime's costs fitted (`casync.runtime.calibrate.fit_runtime`) "
+            f"packaged micro-benchmark profile plus the runtime's costs fitted (`casync.runtime.calibrate.fit_runtime`, "
+            f"`fit_direct_runtime` for the direct plane) "
             f"from calibration runs measured just before each configuration: synthetic log-spaced tensors (not "
             f"{args.model}), 2 workers, ring and ps with the same codec. Uncalibrated: the micro-benchmark profile "
             f"alone.\n\n"
