@@ -55,6 +55,10 @@ BASELINES: dict[str, str] = {
 REFERENCE = "gloo-bucket"
 BUCKET_BYTES = 25 * 1024 * 1024
 POWERSGD_START_ITER = 2  # the smallest PyTorch allows with error feedback / warm start
+#: extra warm-up iterations of every DDP row (PyTorch's hooks and casync's alike), so that they are timed in
+#: steady state: a rank's heap grows to its working set over the first iterations of a hook that allocates
+#: per step (casync's hook: about ten), and a page fault costs 13-37 us on this VM (docs/performance.md)
+DDP_SETTLE_ITERS = 10
 
 
 class BaselineError(RuntimeError):
@@ -184,7 +188,7 @@ def _rank_main(args: argparse.Namespace) -> None:
         warmup = args.warmup
         if variant.startswith("ddp"):  # DDP rebuilds its buckets after the first iteration
             warmup = max(warmup, POWERSGD_START_ITER + 1 if variant.startswith("ddp-powersgd") else
-                         HOOK_FIRST_PLANNED_ITER + 1 if is_hook(variant) else 2)
+                         HOOK_FIRST_PLANNED_ITER + 1 if is_hook(variant) else 2) + DDP_SETTLE_ITERS
         starts, ends, walls, payload = [], [], [], 4 * numel
         if variant.startswith("gloo"):
             work = torch.empty_like(flat)

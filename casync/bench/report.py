@@ -9,7 +9,7 @@ from typing import Any
 
 from ..drawing import draw_gantt
 from ..table import format_table, markdown_table
-from .baselines import BASELINES, REFERENCE
+from .baselines import BASELINES, DDP_SETTLE_ITERS, REFERENCE
 from .grid import codec_label, split_transport, strategy_labels
 from .hooks import parse_hook_variant
 from .predict import predict
@@ -202,7 +202,9 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
           "from this one run, side by side.", ""]
     L += [f"Gradients: every system syncs the same tensors (worker w: standard normal, seeded by (seed, w)), "
           f"mean over workers; {result.warmup} warm-up + {result.iters} timed iterations per configuration; each "
-          "casync configuration runs on a fresh RayEngine. Baselines: " +
+          "casync configuration runs on a fresh RayEngine; DDP rows (PyTorch's hooks and casync's) run "
+          f"{DDP_SETTLE_ITERS} more warm-up iterations after their hook's own start, to be timed in steady state. "
+          "Baselines: " +
           ", ".join(BASELINES[b] for b in result.grid.baselines) + "; through DDP's comm hook: " +
           (", ".join(r.label for r in result.rows if r.system == "hook" and r.model == result.rows[0].model
                      and r.workers == result.rows[0].workers) or "none") + ".", ""]
