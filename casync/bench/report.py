@@ -28,8 +28,9 @@ MEASURED_DEFINITION = (
     "worker nodes sent minus what the driver's node received); **ratio** = the same sends uncompressed / wire bytes; **predicted** = the simulator's "
     "sync time for the same plan on the ClusterModel of the setup; **wall** = casync: run_flat wall time "
     "(hands gradients to the actors, syncs, fetches every worker's result to the driver); DDP: "
-    "forward+backward wall time; **rel err** = ||result − exact mean|| / ||exact mean|| after the first sync "
-    "(before error feedback has history).")
+    "forward+backward wall time; **rel err** = ||result − exact mean|| / ||exact mean||, casync and gloo rows: "
+    "after the first sync (before error feedback has history); DDP rows: after the last timed iteration (the "
+    "same gradients every iteration, so error feedback's residuals add to it).")
 
 
 def _ms(x: float | None) -> Any:

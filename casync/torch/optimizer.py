@@ -47,7 +47,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]],
-                 strategy: Any = "ring", codec: Any = "onebit", error_feedback: bool = True,
+                 strategy: Any = "ring", codec: Any = "onebit", error_feedback: bool | str = "auto",
                  backward_passes_per_step: int = 1, min_compress_bytes: int = 0, nonfinite: str = "propagate", *,
                  process_group: Any = None, timeout_s: float = 60.0, check_every: int = 10,
                  transport: str = "direct", **plan_options: Any):

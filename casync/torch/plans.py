@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from primitives import feedback
 from primitives.codecs import get_codec
 from strategies import get_strategy
 
@@ -33,7 +34,7 @@ class SyncOptions:
 
     strategy: Any = "ring"
     codec: Any = "onebit"
-    error_feedback: bool = True
+    error_feedback: bool | str = "auto"
     min_compress_bytes: int = 0
     nonfinite: str = "propagate"
     partitions: Any = None
@@ -46,7 +47,7 @@ class SyncOptions:
     ready_times: Any = None
 
     @classmethod
-    def make(cls, strategy: Any, codec: Any, error_feedback: bool, min_compress_bytes: int, nonfinite: str,
+    def make(cls, strategy: Any, codec: Any, error_feedback: bool | str, min_compress_bytes: int, nonfinite: str,
              plan_options: dict[str, Any], *, fixed_buckets: bool) -> "SyncOptions":
         """Check every option; ``fixed_buckets``: the caller's buckets are given (DDP's), so ``bucket_bytes``
         only applies when the planner fuses tensors itself."""
@@ -63,7 +64,7 @@ class SyncOptions:
             get_codec(None if codec == "none" else codec)
             if plan_options.get("cluster") is not None:
                 raise ValueError("cluster= is for the planner: pass strategy='auto' (and/or codec='auto') with it")
-        check_bool("error_feedback", error_feedback)
+        feedback.check(error_feedback)
         min_compress_bytes = check_int("min_compress_bytes", min_compress_bytes, 0)
         if planned and min_compress_bytes:
             raise ValueError("min_compress_bytes applies to a fixed codec; with 'auto' the planner decides per bucket "

@@ -201,7 +201,7 @@ class CasyncState(SyncState):
     """
 
     def __init__(self, process_group: Any = None, strategy: Any = "ring", codec: Any = "onebit",
-                 error_feedback: bool = True, start_iter: int = 0, min_compress_bytes: int = 0,
+                 error_feedback: bool | str = "auto", start_iter: int = 0, min_compress_bytes: int = 0,
                  nonfinite: str = "propagate", *, model: Any = None, timeout_s: float = 60.0,
                  check_every: int = 10, transport: str = "direct", **plan_options: Any):
         options = SyncOptions.make(strategy, codec, error_feedback, min_compress_bytes, nonfinite, plan_options,
