@@ -30,6 +30,7 @@ from casync.table import format_table, markdown_table
 CHILD = """
 import json, sys, time
 import casync
+import casync.planner  # build_plan imports the planner lazily; imports are not timed
 from casync.sim.costmodel import ClusterModel
 print(casync.__file__, file=sys.stderr)
 model, workers, gbps = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
