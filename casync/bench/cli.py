@@ -32,7 +32,7 @@ def _floats(text: str) -> tuple[float, ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
-                      help="the quick subset (ResNet-50, 4 workers, 4 codecs; about 3 minutes on 2 cores)")
+                      help="the quick subset (ResNet-50, 4 workers, 4 codecs; about 4-5 minutes on 2 cores)")
     size.add_argument("--full", action="store_true", help="the full grid (the default; hours on 2 cores)")
     p.add_argument("--models", "--model", type=_list, default=None,
                    help=f"comma-separated built-in models (full: {','.join(FULL.models)})")
