@@ -12,10 +12,8 @@ must not change the simulated time (it did by 2.5x before partitions were charge
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
-from pathlib import Path
 
 from casync.plan.assemble import BucketChoice, assemble_plan, compact_is_exact, make_buckets, name_buckets
 from casync.plan.specs import TensorSpec
@@ -24,6 +22,7 @@ from casync.sim.costmodel import ClusterModel
 from casync.sim.simulator import simulate
 from casync.table import format_table, markdown_table
 from primitives.codecs import get_codec
+from result_files import write_results
 
 VARIANTS = {"ring": ("ring", True), "allgather": ("allgather", True), "ps-twoway": ("ps", True),
             "ps-oneway": ("ps", False)}
@@ -74,8 +73,6 @@ def main() -> None:
             rows.append(r)
             print(format_table(HEADERS, rows[-1:]).splitlines()[-1], flush=True)
     elapsed = time.perf_counter() - started
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = ("# Compact templates against the full plan\n\n"
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by\n\n```\npython "
             f"benchmarks/compact_templates.py --model {args.model} --workers {args.workers} --gbps {args.gbps:g}\n```\n\n"
@@ -85,9 +82,8 @@ def main() -> None:
             "full plan and its compact template (one representative worker). The last two rows of each worker "
             "count: one bucket whose size does not, then does, divide by the worker count.\n\n"
             + markdown_table(HEADERS, rows) + "\n")
-    (out / "compact_templates.md").write_text(text)
-    (out / "compact_templates.json").write_text(json.dumps([dict(zip(HEADERS, r)) for r in rows], indent=1) + "\n")
-    print(f"wrote {out / 'compact_templates.md'} ({elapsed:.0f} s)")
+    md = write_results(args.out, "compact_templates", text, [dict(zip(HEADERS, r)) for r in rows])
+    print(f"wrote {md} ({elapsed:.0f} s)")
 
 
 if __name__ == "__main__":

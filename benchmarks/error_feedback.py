@@ -17,16 +17,15 @@ Writes ``error_feedback.md`` and ``error_feedback.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 
 import casync
 from casync.table import format_table, markdown_table
 from primitives.codecs import available_codecs, get_codec
+from result_files import write_results
 
 SHAPES = {"w": (4096,), "b": (300,)}
 VARIANTS = {"ring": dict(strategy="ring"), "ps": dict(strategy="ps"), "ps-oneway": dict(strategy="ps", two_way=False),
@@ -87,8 +86,6 @@ def main() -> None:
             raw.append(dict(codec=name, strategy=label, **errs, auto_kind=kind))
             print(format_table(HEADERS, rows[-1:]).splitlines()[-1], flush=True)
     elapsed = time.perf_counter() - started
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = ("# Error feedback: does the time average converge?\n\n"
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by\n\n```\npython benchmarks/error_feedback.py "
             f"--workers {args.workers} --steps {args.steps}\n```\n\n({elapsed:.0f} s, Python {platform.python_version()}.)\n\n"
@@ -97,9 +94,8 @@ def main() -> None:
             "feedback; *plain*: plain error feedback forced on (what casync did before for every codec); *auto*: the "
             "default (*auto EF*: plain for contractive codecs, on the contractive version for unbiased ones).\n\n"
             + markdown_table(HEADERS, rows) + "\n")
-    (out / "error_feedback.md").write_text(text)
-    (out / "error_feedback.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print(f"wrote {out / 'error_feedback.md'} ({elapsed:.0f} s)")
+    md = write_results(args.out, "error_feedback", text, raw)
+    print(f"wrote {md} ({elapsed:.0f} s)")
 
 
 HEADERS = ["codec", "strategy", "off", "plain", "auto", "auto EF"]

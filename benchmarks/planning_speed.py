@@ -23,9 +23,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from casync.table import format_table, markdown_table
+from result_files import write_results
 
 CHILD = """
 import json, sys, time
@@ -87,8 +87,6 @@ def main() -> None:
                             + ([f"{statistics.median(base):.2f}",
                                 f"{statistics.median(base) / statistics.median(walls):.1f}x"] if base else []))
                 print(format_table(header, rows[-1:]), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     text = ("# Planning speed\n\n"
             "Wall time of `casync.build_plan(model, workers=N, strategy=\"auto\", codec=\"auto\", "
@@ -103,9 +101,8 @@ def main() -> None:
             + (f"*baseline*: the same calls with `{args.baseline}` on PYTHONPATH, alternating with these; "
                "*speed-up*: baseline median / median.\n\n" if args.baseline else "")
             + markdown_table(header, rows) + f"\n\nTotal {time.time() - started:.0f} s.\n")
-    (out / "planning_speed.md").write_text(text)
-    (out / "planning_speed.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print(f"wrote {out / 'planning_speed.md'}")
+    md = write_results(args.out, "planning_speed", text, raw)
+    print(f"wrote {md}")
 
 
 HEADER = ["model", "workers", "Gbps", "median s", "max s", "cpu s", "planner s", "simulations", "plan ops", "chosen",

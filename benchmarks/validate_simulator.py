@@ -18,11 +18,9 @@ minutes.  Writes a Markdown table and the raw numbers as JSON under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -33,6 +31,7 @@ from casync.runtime.ray_layer import connect_ray
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
 from casync.table import format_table, markdown_table
+from result_files import write_results
 
 CONFIGS = [
     ("ring", "none", 2), ("ring", "onebit", 4), ("ring", "topk:ratio=0.01", 3),
@@ -98,8 +97,6 @@ def main() -> None:
 
     within = sum(abs(r["rel_error"]) <= 0.2 for r in raw)
     within_ideal = sum(abs(r["uncalibrated_rel_error"]) <= 0.2 for r in raw)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = (f"# Simulator validation ({args.model})\n\nGenerated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
             f"in {time.time() - started:.0f} s by\n\n"
             f"```\npython benchmarks/validate_simulator.py --model {args.model} --iters {args.iters} "
@@ -115,10 +112,9 @@ def main() -> None:
             + markdown_table(HEADERS, rows)
             + f"\n\n**{within} of {len(raw)} configurations within 20%** with the calibrated runtime "
             f"({within_ideal} of {len(raw)} uncalibrated).\n")
-    (out / "simulator_validation.md").write_text(text)
-    (out / "simulator_validation.json").write_text(json.dumps(raw, indent=1) + "\n")
+    md = write_results(args.out, "simulator_validation", text, raw)
     print(format_table(HEADERS, rows))
-    print(f"{within}/{len(raw)} within 20% (uncalibrated {within_ideal}/{len(raw)}); wrote {out / 'simulator_validation.md'}")
+    print(f"{within}/{len(raw)} within 20% (uncalibrated {within_ideal}/{len(raw)}); wrote {md}")
 
 
 if __name__ == "__main__":

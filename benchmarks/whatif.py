@@ -20,10 +20,8 @@ too large for the full simulator is reported by the estimator too (``~``).  Writ
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
-from pathlib import Path
 
 import casync
 from casync.plan.assemble import (DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, compact_is_exact,
@@ -34,6 +32,7 @@ from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
 from casync.table import format_table, markdown_table
 from primitives.codecs import get_codec
+from result_files import write_results
 
 STRATEGIES = ("ring", "ps", "allgather")
 CODECS = ("none", "fp16", "onebit", "topk:ratio=0.01")
@@ -125,8 +124,6 @@ def main() -> None:
                                 fixed={f"{s}/{c}": v[gbps][0] for (s, c), v in fixed.items()}))
                 print(format_table(HEADERS, rows[-1:]).splitlines()[-1], flush=True)
     elapsed = time.perf_counter() - t0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     cmd = (f"python benchmarks/whatif.py --models {args.models} --workers {args.workers} --gbps {args.gbps}"
            + (f" --backward-ms {args.backward_ms:g}" if args.backward_ms else ""))
     text = (
@@ -146,9 +143,8 @@ def main() -> None:
         "plan (`compact_is_exact`: the same iteration time); `~` = the planner's fast estimator (no "
         "simulation).\n\n"
         + markdown_table(HEADERS, rows) + "\n")
-    (out / "whatif.md").write_text(text)
-    (out / "whatif.json").write_text(json.dumps(raw, indent=1) + "\n")
-    print(f"wrote {out / 'whatif.md'} ({elapsed:.0f} s)")
+    md = write_results(args.out, "whatif", text, raw)
+    print(f"wrote {md} ({elapsed:.0f} s)")
 
 
 HEADERS = ["model", "N", "Gbps", "ring/none ms", "best fixed ms", "best fixed", "auto ms", "vs ring/none",
