@@ -34,6 +34,9 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
     """
     ef = ef_key is not None and residuals is not None
     residual = residuals.get(ef_key) if ef else None
+    if residual is not None and not check and codec.ef_sound:  # the common case, fused where the codec can
+        payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed)
+        return payload
     corrected = x + residual if residual is not None else x
     side = split_nonfinite(corrected) if check else None
     if side is not None:

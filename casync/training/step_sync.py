@@ -20,6 +20,7 @@ import ray
 from primitives.codecs import Codec
 
 from ..engines.executor import RankExecutor
+from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..errors import SyncError, SyncTimeoutError
 from ..runtime.data_plane import DataPlaneMember
@@ -56,6 +57,7 @@ class StepSyncActor(DataPlaneMember):
 
     def __init__(self, name: str, shares: dict[bool, ActorShare], codecs: dict[str, Codec], plan_seed: int,
                  partitions: dict[str, list[tuple[int, int]]], timeout_s: float):
+        keep_freed_memory()  # before any thread of ours allocates: each step's buffers reuse the last step's pages
         self.name = name
         self.timeout_s = timeout_s
         self._shares = shares  # full precision? -> this actor's share of that plan

@@ -79,6 +79,13 @@ class Codec(ABC):
         np.subtract(x, self.decode(payload, x.size), out=x)
         return payload
 
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0) -> tuple[Payload, np.ndarray]:
+        """One error-feedback encode: the payload of ``x + residual`` and, as a fresh array, what it does not
+        carry (the next residual).  The default adds, then :meth:`encode_keep_error`; a codec may fuse the add
+        into its own sweep, with the same floats."""
+        corrected = x + residual
+        return self.encode_keep_error(corrected, seed), corrected
+
     def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
         """A payload that decodes to ``lambda * C(x)``, ``lambda = 1 / (1 + omega(x))`` with ``omega(x)`` the
         codec's variance factor at ``x``: the contractive version of an unbiased codec, for error feedback.
@@ -262,11 +269,12 @@ def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
     return int(value)
 
 
-def expand_packed(lut: np.ndarray, packed: np.ndarray, n: int) -> np.ndarray:
+def expand_packed(lut: np.ndarray, packed: np.ndarray, n: int, out: np.ndarray | None = None) -> np.ndarray:
     """Decode a packed payload through a lookup table: ``lut[b]`` holds the floats byte ``b`` stands for
-    (8 for sign bits, 4 for 2-bit codes); one ``np.take`` per payload, a fresh float32 array of length n."""
+    (8 for sign bits, 4 for 2-bit codes); one ``np.take`` per payload, into ``out`` (float32, length n) or a
+    fresh array."""
     per_byte = lut.shape[1]
-    out = np.empty(n, np.float32)
+    out = np.empty(n, np.float32) if out is None else out
     full = n // per_byte
     np.take(lut, packed[:full], axis=0, out=out[: full * per_byte].reshape(full, per_byte), mode="wrap")
     if n % per_byte:

@@ -28,15 +28,41 @@ class OneBitCodec(Codec):
     ef_sound = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
+        return self._sweep(as_input(x))
+
+    def decode(self, payload: Payload, n: int) -> np.ndarray:
+        n = check_length(n)
+        bits = field(payload, "bits", np.uint8, ((n + 7) // 8,), self.name)
+        s = field(payload, "scale", np.float32, (1,), self.name)[0]
+        return expand_packed(_table(s), bits, n)
+
+    def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
+        payload = self._sweep(as_input(x))
+        _subtract_decoded(x, payload)
+        return payload
+
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0) -> tuple[Payload, np.ndarray]:
         x = as_input(x)
+        if residual.shape != x.shape or residual.dtype != np.float32:
+            return super().encode_feedback(x, residual, seed)
+        corrected = np.empty_like(x)
+        payload = self._sweep(x, residual, corrected)
+        _subtract_decoded(corrected, payload)
+        return payload, corrected
+
+    def _sweep(self, x: np.ndarray, addend: np.ndarray | None = None, out: np.ndarray | None = None) -> Payload:
+        """The payload of ``x``, or with ``addend`` of ``out = x + addend`` (written block by block as it is
+        encoded).  One sweep: each block is read from memory once, then hit in cache."""
+        src = x if addend is None else out
         n = x.size
         bits = np.empty((n + 7) // 8, np.uint8)
         mask = scratch("mask", np.bool_, min(n, BLOCK))
         mag = scratch("abs", np.float32, min(n, BLOCK))
         total = 0.0
-        # One sweep: each block is read from memory once, then hit in cache.
         for start in range(0, n, BLOCK):
-            xc = x[start : start + BLOCK]
+            xc = src[start : start + BLOCK]
+            if addend is not None:
+                np.add(x[start : start + BLOCK], addend[start : start + BLOCK], out=xc)
             m = xc.size
             b = mask[:m]
             np.less(xc, 0, out=b)
@@ -46,18 +72,28 @@ class OneBitCodec(Codec):
             with np.errstate(over="ignore"):
                 total += float(block_sum(a))
         if not math.isfinite(total):  # float32 block sums overflowed: redo in float64
-            total = float(np.abs(x.astype(np.float64)).sum())
+            total = float(np.abs(src.astype(np.float64)).sum())
         with np.errstate(over="ignore"):
             scale = np.array([total / n if n else 0.0], np.float32)
         return {"bits": bits, "scale": scale}
 
-    def decode(self, payload: Payload, n: int) -> np.ndarray:
-        n = check_length(n)
-        bits = field(payload, "bits", np.uint8, ((n + 7) // 8,), self.name)
-        s = field(payload, "scale", np.float32, (1,), self.name)[0]
-        # 256 x 8 lookup table: each payload byte expands to 8 floats in one take.
-        return expand_packed(np.where(_BITS, -s, s).astype(np.float32), bits, n)
-
     def compressed_nbytes(self, n: int) -> int:
         return (check_length(n) + 7) // 8 + 4
+
+
+def _subtract_decoded(x: np.ndarray, payload: Payload) -> None:
+    """``x -= decode(payload)`` block by block through a cache-sized scratch buffer: the same floats as the
+    default, without a second tensor-sized array and the pass over it."""
+    table, bits, n = _table(payload["scale"][0]), payload["bits"], x.size
+    decoded = scratch("decoded", np.float32, min(n, BLOCK))
+    for start in range(0, n, BLOCK):  # BLOCK is a multiple of 8: every block starts on a payload byte
+        m = min(BLOCK, n - start)
+        d = decoded[:m]
+        expand_packed(table, bits[start >> 3 : (start + m + 7) >> 3], m, out=d)
+        np.subtract(x[start : start + m], d, out=x[start : start + m])
+
+
+def _table(scale: np.float32) -> np.ndarray:
+    """256 x 8 lookup table: byte ``b`` of the payload decodes to the 8 floats ``_table(scale)[b]``."""
+    return np.where(_BITS, -scale, scale).astype(np.float32)
 

@@ -143,6 +143,22 @@ def test_encode_keep_error_leaves_exactly_the_unsent_remainder(codec, n, strided
 
 
 @codec_param
+@pytest.mark.parametrize("n", [0, 1, 1000, 600_001])
+def test_encode_feedback_is_encode_keep_error_of_the_sum(codec, n):
+    """One error-feedback step, fused or not: the payload of x + residual, and the new residual bit for bit
+    (600,001 floats: several of the fused sweeps' blocks and a ragged end)."""
+    x, residual = gaussian(n, seed=n), gaussian(n, seed=n + 1) * 0.1
+    x[:4] = [0.0, -0.0, 1e-40, -3.0][: x.size]
+    expected_remainder = x + residual
+    expected_payload = codec.encode_keep_error(expected_remainder, seed=4)
+    payload, remainder = codec.encode_feedback(x.copy(), residual.copy(), seed=4)
+    assert payload.keys() == expected_payload.keys()
+    for key in payload:
+        np.testing.assert_array_equal(payload[key], expected_payload[key])
+    assert remainder.tobytes() == expected_remainder.tobytes()
+
+
+@codec_param
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(0, 5000))
 def test_compressed_nbytes_matches_payload(codec, n):
