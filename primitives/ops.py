@@ -54,13 +54,16 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
     return payload if side is None else attach(payload, side[1], side[2])
 
 
-def run_merge(inputs: Sequence[np.ndarray], divisor: int) -> np.ndarray:
-    """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide."""
+def run_merge(inputs: Sequence[np.ndarray], divisor: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide;
+    into ``out`` or a fresh array."""
     with np.errstate(invalid="ignore"):  # Inf + -Inf = NaN is what nonfinite="propagate" asks for
         if len(inputs) == 1:
-            acc = np.array(inputs[0], dtype=np.float32, copy=True)
+            acc = np.array(inputs[0], dtype=np.float32, copy=True) if out is None else out
+            if out is not None:
+                np.copyto(out, inputs[0])
         else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, same float32 sums
-            acc = np.add(inputs[0], inputs[1], dtype=np.float32)
+            acc = np.add(inputs[0], inputs[1], dtype=np.float32, out=out)
             for x in inputs[2:]:
                 np.add(acc, x, out=acc)
         if divisor != 1:
@@ -70,14 +73,17 @@ def run_merge(inputs: Sequence[np.ndarray], divisor: int) -> np.ndarray:
 
 def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray | None, *,
              codecs: Mapping[str, Codec], residuals: MutableMapping[str, np.ndarray] | None,
-             plan_seed: int, step: int, flagged: MutableSet[tuple[str, int]] | None = None) -> Any:
+             plan_seed: int, step: int, flagged: MutableSet[tuple[str, int]] | None = None,
+             out: np.ndarray | None = None) -> Any:
     """Execute one primitive.
 
     ``inputs`` are the outputs of the node's predecessors ordered by edge ``slot``; ``local`` is the
     actor's own gradient partition, used by nodes with ``local_input``.  send/recv pass payloads through:
     moving them is the engine's job.  ``flagged``: this actor's (bucket, partition) pairs that may hold
     NaN/Inf in this step (its gradient scan, plus every payload it decoded that carried some); encodes of
-    those check their input, every other encode runs as if the data were finite.
+    those check their input, every other encode runs as if the data were finite.  ``out``: where a decode
+    or merge may write its output (the node's slice of the result buffer); the output returned is then
+    ``out`` itself, or a fresh array where the node could not write there.
     """
     op = attrs["op"]
     if op == "encode":
@@ -92,12 +98,14 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
             if flagged is not None:
                 flagged.add((attrs["bucket"], attrs["part"]))
             return restore(codecs[attrs["codec"]].decode(payload, attrs["numel"]), payload)
+        if out is not None:
+            return codecs[attrs["codec"]].decode_into(payload, attrs["numel"], out)
         return codecs[attrs["codec"]].decode_shared(payload, attrs["numel"])
     if op == "merge":
         values = list(inputs)
         if attrs["local_input"]:
             values.insert(attrs["local_slot"], local)
-        return run_merge(values, attrs["divisor"])
+        return run_merge(values, attrs["divisor"], out)
     if op in ("send", "recv"):
         return inputs[0]
     raise ValueError(f"unknown primitive {op!r}")

@@ -206,11 +206,15 @@ class RankExecutor:
         if a.get("local_input"):
             start, stop = self.partitions[a["bucket"]][a["part"]]
             local = self._grads[a["bucket"]][start:stop]
-        result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
-                          residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged)
-        if a.get("output"):
+        out = None
+        if a.get("output"):  # decodes and merges write their slice of the result in place
             start, stop = self.partitions[a["bucket"]][a["part"]]
-            self._results[a["bucket"]][start:stop] = result
+            out = self._results[a["bucket"]][start:stop]
+        result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
+                          residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged,
+                          out=out)
+        if out is not None and result is not out:
+            out[...] = result
         return result
 
     def _send(self, op: Any) -> None:

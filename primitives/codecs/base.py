@@ -69,6 +69,13 @@ class Codec(ABC):
         mutate decoded values use this to skip a copy).  Default: :meth:`decode`."""
         return self.decode(payload, n)
 
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        """Decode into ``out`` (float32, length ``n``, e.g. a slice of the result buffer) and return it: the
+        same floats as :meth:`decode`.  The default copies :meth:`decode_shared`'s array; codecs that expand
+        their payload write ``out`` directly (one pass over the output instead of two)."""
+        np.copyto(out, self.decode_shared(payload, n))
+        return out
+
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         """Encode ``x`` and leave in ``x`` (in place) what the payload does not carry: ``x - decode(payload)``.
 
@@ -267,6 +274,14 @@ def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise param_error(codec, param, expected, value)
     return int(value)
+
+
+def zeroed(out: np.ndarray | None, n: int) -> np.ndarray:
+    """``out`` filled with zeros, or a fresh zero float32 array of length ``n`` (sparse decodes scatter into it)."""
+    if out is None:
+        return np.zeros(n, np.float32)
+    out.fill(0)
+    return out
 
 
 def expand_packed(lut: np.ndarray, packed: np.ndarray, n: int, out: np.ndarray | None = None) -> np.ndarray:

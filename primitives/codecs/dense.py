@@ -50,5 +50,9 @@ class FP16Codec(Codec):
         n = check_length(n)
         return field(payload, "values", np.float16, (n,), self.name).astype(np.float32)
 
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        np.copyto(out, field(payload, "values", np.float16, (check_length(n),), self.name))  # exact widening
+        return out
+
     def compressed_nbytes(self, n: int) -> int:
         return 2 * check_length(n)

@@ -31,10 +31,13 @@ class OneBitCodec(Codec):
         return self._sweep(as_input(x))
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
+        return self.decode_into(payload, n, None)
+
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)
         bits = field(payload, "bits", np.uint8, ((n + 7) // 8,), self.name)
         s = field(payload, "scale", np.float32, (1,), self.name)[0]
-        return expand_packed(_table(s), bits, n)
+        return expand_packed(_table(s), bits, n, out=out)
 
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         payload = self._sweep(as_input(x))

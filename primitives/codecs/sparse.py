@@ -20,6 +20,7 @@ from .base import (
     field,
     real_param,
     scratch,
+    zeroed,
 )
 
 #: Below this many elements one argpartition over everything beats sampling.
@@ -205,10 +206,13 @@ class TopKCodec(_SparseCodec):
         return payload
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
+        return self.decode_into(payload, n, None)
+
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         k = self.k(n)
         idx = field(payload, "indices", index_dtype(n), (k,), self.name)
         values = field(payload, "values", np.float32, (k,), self.name)
-        out = np.zeros(n, np.float32)
+        out = zeroed(out, n)
         out[idx] = values
         return out
 
@@ -277,10 +281,13 @@ class RandomKCodec(_SparseCodec):
         return {"seed": np.array([seed], np.uint64), "values": values}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
+        return self.decode_into(payload, n, None)
+
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         k = self.k(n)
         seed = int(field(payload, "seed", np.uint64, (1,), self.name)[0])
         values = field(payload, "values", np.float32, (k,), self.name)
-        out = np.zeros(n, np.float32)
+        out = zeroed(out, n)
         out[random_indices(n, k, seed)] = values
         return out
 

@@ -62,9 +62,9 @@ def pack_codes(x: np.ndarray, fill: Fill, out: np.ndarray, start: int) -> None:
     np.copyto(out[start >> 2 : (start + m4) >> 2], word, casting="unsafe")
 
 
-def unpack_codes(codes: np.ndarray, v: np.floating, n: int) -> np.ndarray:
-    """Expand packed codes to a fresh float32 array: 0 → 0, 1 → +v, 2 → -v."""
-    return expand_packed(np.array([0.0, v, -v, 0.0], np.float32)[_CODES], codes, n)
+def unpack_codes(codes: np.ndarray, v: np.floating, n: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Expand packed codes into ``out`` or a fresh float32 array: 0 → 0, 1 → +v, 2 → -v."""
+    return expand_packed(np.array([0.0, v, -v, 0.0], np.float32)[_CODES], codes, n, out=out)
 
 
 def _max_abs(x: np.ndarray) -> float:
@@ -118,10 +118,13 @@ class TernGradCodec(Codec):
         return payload
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
+        return self.decode_into(payload, n, None)
+
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
         s = field(payload, "scale", np.float32, (1,), self.name)[0]
-        return unpack_codes(codes, s, n)
+        return unpack_codes(codes, s, n, out)
 
     def compressed_nbytes(self, n: int) -> int:
         return codes_nbytes(check_length(n)) + 4
@@ -171,10 +174,13 @@ class TBQCodec(Codec):
         return {"codes": codes, "threshold": np.array([tau], np.float32)}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
+        return self.decode_into(payload, n, None)
+
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
         tau = field(payload, "threshold", np.float32, (1,), self.name)[0]
-        return unpack_codes(codes, tau, n)
+        return unpack_codes(codes, tau, n, out)
 
     def compressed_nbytes(self, n: int) -> int:
         return codes_nbytes(check_length(n)) + 4

@@ -143,6 +143,20 @@ def test_encode_keep_error_leaves_exactly_the_unsent_remainder(codec, n, strided
 
 
 @codec_param
+@pytest.mark.parametrize("n", [0, 1, 1001, 600_001])
+def test_decode_into_writes_decode_into_the_slice_it_is_given(codec, n):
+    """Engines decode an output partition straight into its slice of the result buffer: the same floats as
+    decode, and nothing outside the slice touched."""
+    x = gaussian(n, seed=n)
+    payload = codec.encode(x, seed=5)
+    result = np.full(n + 7, np.float32(7.5))
+    got = codec.decode_into(payload, n, result[3 : 3 + n])
+    assert np.shares_memory(got, result) or n == 0
+    assert result[3 : 3 + n].tobytes() == codec.decode(payload, n).tobytes()
+    assert (result[:3] == 7.5).all() and (result[3 + n:] == 7.5).all()
+
+
+@codec_param
 @pytest.mark.parametrize("n", [0, 1, 1000, 600_001])
 def test_encode_feedback_is_encode_keep_error_of_the_sum(codec, n):
     """One error-feedback step, fused or not: the payload of x + residual, and the new residual bit for bit
