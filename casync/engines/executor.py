@@ -4,7 +4,8 @@ Whatever hosts an actor — a Ray actor, a torchrun process, a thread in a test 
 sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`:
 
 * the calling thread runs compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as
-  ``LocalEngine`` does) and hands payloads to the senders; among ops whose inputs are there it always
+  ``LocalEngine`` does; a decode read only by a merge is expanded by that merge block by block, so its
+  record is short and the merge's carries the work) and hands payloads to the senders; among ops whose inputs are there it always
   takes the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of
   an urgent bucket overtakes the rest as soon as its data is in (preemption at partition granularity);
 * one sender thread per peer writes that peer's messages in the order they were handed over (a transport
@@ -79,6 +80,9 @@ class RankExecutor:
         for i in share.sends:
             self._to_peer[ops[i].peer] = self._to_peer.get(ops[i].peer, 0) + 1
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
+        # decodes whose one reader is a merge: the merge decodes them block by block (primitives.ops.Deferred)
+        self._deferred = {i for i, op in enumerate(ops) if op.attrs["op"] == "decode" and not op.attrs.get("output")
+                          and len(op.consumers) == 1 and ops[op.consumers[0]].attrs["op"] == "merge"}
         self._cond = threading.Condition()
         self._step: int | None = None
 
@@ -194,13 +198,13 @@ class RankExecutor:
                 self._send(op)
                 result = None
             else:
-                result = self._run(op)
+                result = self._run(index, op)
             self._records.append((kind, op.attrs["bucket"], op.attrs["part"], t0, time.time(), op.attrs["nbytes"],
                                   op.node, time.thread_time() - cpu0))
             with self._cond:
                 self._finished(index, result)
 
-    def _run(self, op: Any) -> Any:
+    def _run(self, index: int, op: Any) -> Any:
         a = op.attrs
         local = None
         if a.get("local_input"):
@@ -212,7 +216,7 @@ class RankExecutor:
             out = self._results[a["bucket"]][start:stop]
         result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
                           residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged,
-                          out=out)
+                          out=out, defer=index in self._deferred)
         if out is not None and result is not out:
             out[...] = result
         return result

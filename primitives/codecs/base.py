@@ -55,6 +55,8 @@ class Codec(ABC):
     sparse: ClassVar[bool] = False
     #: plain error feedback is sound for it (it is contractive); see the class docstring
     ef_sound: ClassVar[bool] = False
+    #: :meth:`decode_block` decodes any aligned block of a payload on its own
+    decodes_in_blocks: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -75,6 +77,12 @@ class Codec(ABC):
         their payload write ``out`` directly (one pass over the output instead of two)."""
         np.copyto(out, self.decode_shared(payload, n))
         return out
+
+    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Elements ``start:stop`` of ``decode(payload, n)``, written into ``out`` (float32, ``stop - start``)
+        and returned, for codecs with ``decodes_in_blocks``; ``start`` is a multiple of :data:`BLOCK`.  A
+        merge adds such blocks while they are in cache instead of reading a decoded tensor back."""
+        raise NotImplementedError(f"codec {self.name!r} does not decode in blocks")
 
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         """Encode ``x`` and leave in ``x`` (in place) what the payload does not carry: ``x - decode(payload)``.
@@ -155,6 +163,9 @@ class Codec(ABC):
 #: temporaries stay in cache between the passes made over it (measured best
 #: for the top-k scan and the 2-bit packers on a 1 MiB-L2 / 32 MiB-L3 machine).
 CHUNK = 1 << 19
+#: Block size of the sweeps that stream a tensor through cache-sized pieces (onebit's encoder, error feedback's
+#: remainder, merges of payloads decoded block by block): a multiple of 8, so a block starts on a packed byte.
+BLOCK = CHUNK // 2
 
 _tls = threading.local()
 

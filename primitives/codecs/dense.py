@@ -40,6 +40,7 @@ class FP16Codec(Codec):
 
     name = "fp16"
     ef_sound = True
+    decodes_in_blocks = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -51,7 +52,10 @@ class FP16Codec(Codec):
         return field(payload, "values", np.float16, (n,), self.name).astype(np.float32)
 
     def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
-        np.copyto(out, field(payload, "values", np.float16, (check_length(n),), self.name))  # exact widening
+        return self.decode_block(payload, n, 0, check_length(n), out)
+
+    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        np.copyto(out, field(payload, "values", np.float16, (check_length(n),), self.name)[start:stop])  # exact
         return out
 
     def compressed_nbytes(self, n: int) -> int:

@@ -89,6 +89,7 @@ class TernGradCodec(Codec):
 
     name = "terngrad"
     ef_sound = False
+    decodes_in_blocks = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -122,9 +123,13 @@ class TernGradCodec(Codec):
 
     def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)
+        return self.decode_block(payload, n, 0, n, out)
+
+    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        n = check_length(n)
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
         s = field(payload, "scale", np.float32, (1,), self.name)[0]
-        return unpack_codes(codes, s, n, out)
+        return unpack_codes(codes[start >> 2 : (stop + 3) >> 2], s, stop - start, out)
 
     def compressed_nbytes(self, n: int) -> int:
         return codes_nbytes(check_length(n)) + 4
@@ -146,6 +151,7 @@ class TBQCodec(Codec):
 
     name = "tbq"
     ef_sound = True
+    decodes_in_blocks = True
 
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = real_param(self.name, "threshold", threshold, "a finite float > 0", lambda v: v > 0)
@@ -178,9 +184,13 @@ class TBQCodec(Codec):
 
     def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)
+        return self.decode_block(payload, n, 0, n, out)
+
+    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+        n = check_length(n)
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
         tau = field(payload, "threshold", np.float32, (1,), self.name)[0]
-        return unpack_codes(codes, tau, n, out)
+        return unpack_codes(codes[start >> 2 : (stop + 3) >> 2], tau, stop - start, out)
 
     def compressed_nbytes(self, n: int) -> int:
         return codes_nbytes(check_length(n)) + 4

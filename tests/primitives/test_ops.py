@@ -1,0 +1,48 @@
+"""The primitives' fused paths give the same floats as the plain ones every engine can fall back to."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from primitives.codecs import available_codecs, get_codec
+from primitives.ops import Deferred, run_merge, run_node
+
+BLOCKWISE = [name for name in available_codecs() if get_codec(name).decodes_in_blocks]
+
+
+def gaussian(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_the_codecs_that_decode_in_blocks_are_the_expanding_ones():
+    assert {"onebit", "terngrad", "tbq", "fp16"} <= set(BLOCKWISE)
+
+
+@pytest.mark.parametrize("name", BLOCKWISE)
+@pytest.mark.parametrize("n", [1, 1003, 600_001])
+@pytest.mark.parametrize("deferred_at", [(0,), (1,), (0, 2), (0, 1, 2, 3)])
+@pytest.mark.parametrize("divisor", [1, 4])
+def test_a_merge_of_deferred_decodes_equals_the_merge_of_decoded_arrays(name, n, deferred_at, divisor):
+    """Decoding block by block inside the merge (600,001 floats: several blocks and a ragged end) adds the
+    same floats in the same order as decoding first; into a given ``out`` too."""
+    codec = get_codec(name)
+    count = max(deferred_at) + 1 if len(deferred_at) > 1 else 3
+    payloads = [codec.encode(gaussian(n, seed=i), seed=i) for i in range(count)]
+    plain = [codec.decode(p, n) if i in deferred_at else gaussian(n, seed=10 + i) for i, p in enumerate(payloads)]
+    fused = [Deferred(codec, p, n) if i in deferred_at else plain[i] for i, p in enumerate(payloads)]
+    expected = run_merge(plain, divisor)
+    assert run_merge(fused, divisor).tobytes() == expected.tobytes()
+    out = np.full(n, np.float32(3.0))
+    assert run_merge(fused, divisor, out) is out and out.tobytes() == expected.tobytes()
+
+
+def test_run_node_defers_only_where_asked_and_the_codec_can():
+    n = 1000
+    attrs = {"op": "decode", "codec": "c", "numel": n, "bucket": "b", "part": 0}
+    for name, deferred in (("onebit", True), ("topk", False), ("none", False)):
+        codec = get_codec(name)
+        payload = codec.encode(gaussian(n, seed=1), seed=1)
+        kw = {"codecs": {"c": codec}, "residuals": None, "plan_seed": 0, "step": 0}
+        got = run_node(attrs, [payload], None, defer=True, **kw)
+        assert isinstance(got, Deferred) is deferred
+        assert not isinstance(run_node(attrs, [payload], None, **kw), Deferred)
