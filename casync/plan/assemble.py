@@ -204,9 +204,11 @@ def _assemble(specs: list[TensorSpec], workers: int, groups: list[tuple[str, lis
             alone = SyncPlan(graph=template.graph(), tensors=list(group), buckets=[bucket], workers=workers,
                              codecs=template.codecs, compact=compact)
             lint(alone, attrs=False)  # the builder types every attribute; structure, codecs and outputs are checked
+            out.adopt(template.built, name)  # this bucket is the builder's graph itself: no copy to stamp
             template.release()
             templates[key] = template
-        template.stamp(out, name, priority, parts)
+        else:
+            template.stamp(out, name, priority, parts)
         codecs.update(template.codecs)
     plan = SyncPlan(graph=out.graph, tensors=list(specs), buckets=buckets, workers=workers,
                     codecs=codecs, options=dict(options or {}, workers=workers, op=op,

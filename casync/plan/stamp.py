@@ -210,6 +210,17 @@ class Graph:
         self.succ: dict[str, dict[str, dict[str, int]]] = self.graph._succ  # networkx's _adj is this dict too
         self.pred: dict[str, dict[str, dict[str, int]]] = self.graph._pred
 
+    def adopt(self, graph: nx.DiGraph, bucket: str) -> None:
+        """Append ``graph`` (a bucket's sub-graph, which the caller gives up) as it is: its node and edge
+        dicts become this graph's."""
+        before = len(self.nodes)
+        self.nodes.update(graph._node)
+        if len(self.nodes) != before + len(graph):
+            raise ValueError(f"duplicate plan node ids adding bucket {bucket!r}: bucket names must not make one "
+                             "bucket's node ids another's")
+        self.succ.update(graph._succ)
+        self.pred.update(graph._pred)
+
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
