@@ -4,10 +4,11 @@ Whatever hosts an actor — a Ray actor, a torchrun process, a thread in a test 
 sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`:
 
 * the calling thread runs compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as
-  ``LocalEngine`` does; a decode read only by a merge is expanded by that merge block by block, so its
-  record is short and the merge's carries the work) and hands payloads to the senders; among ops whose inputs are there it always
-  takes the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of
-  an urgent bucket overtakes the rest as soon as its data is in (preemption at partition granularity);
+  ``LocalEngine`` does) and hands payloads to the senders; among ops whose inputs are there it always takes
+  the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of an urgent
+  bucket overtakes the rest as soon as its data is in (preemption at partition granularity); a decode whose
+  only reader is a merge is expanded by that merge block by block (its record is short, the merge's carries
+  the work);
 * one sender thread per peer writes that peer's messages in the order they were handed over (a transport
   may write a large message inline, which must not hold up the compute thread);
 * one receiver thread per peer takes that peer's messages in the order they arrive: a small header naming

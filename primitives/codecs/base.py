@@ -48,6 +48,11 @@ class Codec(ABC):
       length ``n``.  It needs nothing but the payload and ``n``: a codec whose
       decoder needs the seed (e.g. random-k indices) puts it in the payload.
     * ``payload_nbytes(encode(x, s)) == compressed_nbytes(len(x))`` exactly.
+
+    **Fused paths.**  A codec may override :meth:`encode_keep_error`, :meth:`encode_feedback`,
+    :meth:`decode_into` and :meth:`decode_block` with faster versions that give the same floats.  A subclass
+    that overrides ``encode`` or ``decode`` of such a codec gets the plain versions back (which call its own
+    ``encode`` and ``decode``), unless it defines the fused ones itself.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +70,19 @@ class Codec(ABC):
     @abstractmethod
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         """Rebuild a dense float32 array of length ``n`` from ``payload``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        if "encode" in own or "decode" in own:  # a parent's fused paths would not call this class's own
+            for name in ("encode_keep_error", "encode_feedback"):
+                if name not in own:
+                    setattr(cls, name, getattr(Codec, name))
+        if "decode" in own:
+            if "decode_into" not in own:
+                cls.decode_into = Codec.decode_into
+            if "decodes_in_blocks" not in own:
+                cls.decodes_in_blocks = False
 
     def decode_shared(self, payload: Payload, n: int) -> np.ndarray:
         """Like :meth:`decode`, but the result may share memory with the payload (engines that never

@@ -31,16 +31,18 @@ class OneBitCodec(Codec):
         return self._sweep(as_input(x))
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self.decode_into(payload, n, None)
+        return self._decode(payload, n, 0, None, None)
 
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
-        n = check_length(n)
-        bits = field(payload, "bits", np.uint8, ((n + 7) // 8,), self.name)
-        s = field(payload, "scale", np.float32, (1,), self.name)[0]
-        return expand_packed(_table(s), bits, n, out=out)
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, 0, None, out)
 
     def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, start, stop, out)
+
+    def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
+        """Elements ``start:stop`` (None: to the end) of the decoded tensor, into ``out`` or a fresh array."""
         n = check_length(n)
+        stop = n if stop is None else stop
         bits = field(payload, "bits", np.uint8, ((n + 7) // 8,), self.name)
         s = field(payload, "scale", np.float32, (1,), self.name)[0]
         return expand_packed(_table(s), bits[start >> 3 : (stop + 7) >> 3], stop - start, out=out)

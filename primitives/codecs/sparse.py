@@ -206,9 +206,12 @@ class TopKCodec(_SparseCodec):
         return payload
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self.decode_into(payload, n, None)
+        return self._decode(payload, n, None)
 
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, out)
+
+    def _decode(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         k = self.k(n)
         idx = field(payload, "indices", index_dtype(n), (k,), self.name)
         values = field(payload, "values", np.float32, (k,), self.name)
@@ -281,9 +284,12 @@ class RandomKCodec(_SparseCodec):
         return {"seed": np.array([seed], np.uint64), "values": values}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self.decode_into(payload, n, None)
+        return self._decode(payload, n, None)
 
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, out)
+
+    def _decode(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         k = self.k(n)
         seed = int(field(payload, "seed", np.uint64, (1,), self.name)[0])
         values = field(payload, "values", np.float32, (k,), self.name)

@@ -119,14 +119,18 @@ class TernGradCodec(Codec):
         return payload
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self.decode_into(payload, n, None)
+        return self._decode(payload, n, 0, None, None)
 
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
-        n = check_length(n)
-        return self.decode_block(payload, n, 0, n, out)
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, 0, None, out)
 
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, start, stop, out)
+
+    def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
+        """Elements ``start:stop`` (None: to the end) of the decoded tensor, into ``out`` or a fresh array."""
         n = check_length(n)
+        stop = n if stop is None else stop
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
         s = field(payload, "scale", np.float32, (1,), self.name)[0]
         return unpack_codes(codes[start >> 2 : (stop + 3) >> 2], s, stop - start, out)
@@ -180,14 +184,18 @@ class TBQCodec(Codec):
         return {"codes": codes, "threshold": np.array([tau], np.float32)}
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self.decode_into(payload, n, None)
+        return self._decode(payload, n, 0, None, None)
 
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
-        n = check_length(n)
-        return self.decode_block(payload, n, 0, n, out)
+    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, 0, None, out)
 
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray | None) -> np.ndarray:
+    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        return self._decode(payload, n, start, stop, out)
+
+    def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
+        """Elements ``start:stop`` (None: to the end) of the decoded tensor, into ``out`` or a fresh array."""
         n = check_length(n)
+        stop = n if stop is None else stop
         codes = field(payload, "codes", np.uint8, (codes_nbytes(n),), self.name)
         tau = field(payload, "threshold", np.float32, (1,), self.name)[0]
         return unpack_codes(codes[start >> 2 : (stop + 3) >> 2], tau, stop - start, out)

@@ -46,3 +46,32 @@ def test_run_node_defers_only_where_asked_and_the_codec_can():
         got = run_node(attrs, [payload], None, defer=True, **kw)
         assert isinstance(got, Deferred) is deferred
         assert not isinstance(run_node(attrs, [payload], None, **kw), Deferred)
+
+
+def test_a_subclass_that_overrides_encode_or_decode_gets_the_plain_paths_that_call_them():
+    """A codec built on onebit (a wrapper that logs, gates or tweaks encode/decode) must see every call:
+    the fused paths of its parent would go around its own methods."""
+    from primitives.codecs.sign import OneBitCodec
+    from primitives.ops import run_encode
+
+    calls = []
+
+    class Logged(OneBitCodec):
+        name = "logged-onebit"
+
+        def encode(self, x, seed=0):
+            calls.append("encode")
+            return super().encode(x, seed)
+
+        def decode(self, payload, n):
+            calls.append("decode")
+            return super().decode(payload, n)
+
+    codec, x = Logged(), gaussian(1000, seed=3)
+    residuals = {"k": gaussian(1000, seed=4)}
+    expected = run_encode(get_codec("onebit"), x, 7, dict(residuals), "k")
+    payload = run_encode(codec, x, 7, residuals, "k")  # with a residual: the fused path in onebit
+    assert calls == ["encode", "decode"] and payload["bits"].tobytes() == expected["bits"].tobytes()
+    out = np.empty(1000, np.float32)
+    assert codec.decode_into(payload, 1000, out) is out and calls[-1] == "decode"
+    assert not codec.decodes_in_blocks and OneBitCodec.decodes_in_blocks
