@@ -163,7 +163,10 @@ def report(rows: list[dict], meas: dict[float, dict], names: list[str], host_cor
             headers += [f"({b}) sim ms", f"({b}) floor ms", f"({b}) × stand-in", f"({b}) × link floor"]
         details.append(f"### {pname} profile, {gbps:g} Gbit\n\n" + markdown_table(headers, table) + "\n\n"
                        f"Link floor 2(N-1)/N × bytes / bandwidth: {link * 1e3:.1f} ms. Measured gloo all_reduce "
-                       f"25 MiB buckets: {_measured_cell(gloo) or 'no committed run'}; DDP powerSGD_hook rank 1 "
+                       f"25 MiB buckets: {_measured_cell(gloo) or 'no committed run'}"
+                       + (f" (the stand-in on (a), {standin['a']['sync_s'] * 1e3:.0f} ms, is "
+                          f"{standin['a']['sync_s'] * 1e3 / gloo[0][1]:.2f}× that)" if gloo else "")
+                       + "; DDP powerSGD_hook rank 1 "
                        f"(not modelled): {_measured_cell(psgd) or 'no committed run'}.\n")
         for name in names:
             best = min((r for r in group if r["codec"] != "none"), key=lambda r: r[name]["sync_s"])
@@ -232,7 +235,8 @@ def main() -> None:
             "actor's op CPU where that is larger (an actor runs its ops on one lane). **measured** = sync ms of the "
             "committed netem runs on the direct plane (`benchmarks/results/<run>/bench.json`, newest first, "
             "range over runs). Every configuration is at least as fast on (b) as on (a): "
-            f"{'yes' if not slower else 'NO: ' + str(slower)}.\n\n## Best compressed configuration against the "
+            f"{'yes' if not slower else 'NO: ' + str(slower)}. **× measured gloo** divides gloo's time measured on the "
+            "shared cores, so on (b) it flatters casync; read (b) against the stand-in and the link floor.\n\n## Best compressed configuration against the "
             "stand-in\n\n" + body)
     md = write_results(args.out, "cpu_floor", text, dict(command=command, rows=rows, summary=summary,
                                                          measured={str(g): {f"{k[0]}/{k[1]}": v for k, v in m.items()}
