@@ -56,14 +56,32 @@ class FP16Codec(Codec):
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         """The default's floats, with the decoded values subtracted block by block from a cache-sized scratch
         buffer instead of a decoded tensor."""
-        payload = self.encode(x, seed)
-        values, n = payload["values"], x.size
+        as_input(x)  # validates; the remainder is written into x itself, strided or not
+        return self._sweep(x, None, x)
+
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0) -> tuple[Payload, np.ndarray]:
+        """The default's floats in one sweep: each block of ``x + residual`` is cast, cast back and subtracted
+        while it is in cache."""
+        x = as_input(x)
+        if residual.shape != x.shape or residual.dtype != np.float32:
+            return super().encode_feedback(x, residual, seed)
+        corrected = np.empty_like(x)
+        return self._sweep(x, residual, corrected), corrected
+
+    def _sweep(self, x: np.ndarray, addend: np.ndarray | None, out: np.ndarray) -> Payload:
+        """The payload of ``out = x (+ addend)``, leaving in ``out`` what it does not carry, block by block."""
+        n = x.size
+        values = np.empty(n, np.float16)
         decoded = scratch("fp16-decoded", np.float32, min(n, BLOCK))
-        for start in range(0, n, BLOCK):
-            d = cast(values[start : start + BLOCK], decoded[: min(BLOCK, n - start)])
-            with np.errstate(invalid="ignore"):  # inf - inf where a value overflowed, as in the default
-                np.subtract(x[start : start + BLOCK], d, out=x[start : start + BLOCK])
-        return payload
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf, then inf - inf, as the default
+            for start in range(0, n, BLOCK):
+                block = slice(start, start + BLOCK)
+                if addend is not None:
+                    np.add(x[block], addend[block], out=out[block])
+                c = out[block]
+                cast(c, values[block])
+                np.subtract(c, cast(values[block], decoded[: c.size]), out=c)
+        return {"values": values}
 
     def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
         return self.decode_block(payload, n, 0, check_length(n), out)
