@@ -126,14 +126,10 @@ class Template:
             raise ValueError(f"duplicate plan node ids stamping bucket {name!r}: bucket names must not make one "
                              "bucket's node ids another's")
         data = [{"slot": s} for s in plan.slots]  # one data dict per edge, shared by both directions
-        # most ops have one successor and one predecessor: those take the short form
-        succ.update(zip(names, [{names[j]: data[lo]} if j >= 0 else
-                                (dict(zip([names[k] for k in js], data[lo:lo + len(js)])) if js else {})
-                                for j, js, lo in zip(plan.succ_one, plan.succ_idx, plan.succ_at)]))
-        pred.update(zip(names, [{names[i]: data[e]} if i >= 0 else
-                                (dict(zip([names[k] for k in us], [data[x] for x in es])) if us else {})
-                                for i, us, e, es in zip(plan.pred_one, plan.pred_idx, plan.pred_first,
-                                                        plan.pred_edge)]))
+        succ.update(zip(names, _adjacency(names, data, plan.succ_first, plan.succ_at, plan.succ_zero,
+                                          plan.succ_many)))
+        pred.update(zip(names, _adjacency(names, data, plan.pred_first, plan.pred_at, plan.pred_zero,
+                                          plan.pred_many)))
 
     def _shape(self) -> "_Shape":
         """Whether and how the template follows the builder's rules (worked out once, when first needed)."""
@@ -163,10 +159,16 @@ class Template:
             cut = len(self.bucket)
             cached = self.__dict__["_stamp"] = _Stamp(
                 suffixes=[n[cut:] for n in self.names], kinds=list(kinds), kind=kind, encodes=shape.encodes,
-                ef_roles=shape.ef_roles, succ_idx=succ_idx, succ_at=succ_at, slots=slots, pred_idx=pred_idx,
-                pred_edge=pred_edge, succ_one=[js[0] if len(js) == 1 else -1 for js in succ_idx],
-                pred_one=[us[0] if len(us) == 1 else -1 for us in pred_idx],
-                pred_first=[es[0] if es else -1 for es in pred_edge])
+                ef_roles=shape.ef_roles, slots=slots,
+                succ_first=[js[0] if js else 0 for js in succ_idx],
+                succ_at=[at if js else 0 for js, at in zip(succ_idx, succ_at)],
+                succ_zero=[i for i, js in enumerate(succ_idx) if not js],
+                succ_many=[(i, js, list(range(at, at + len(js)))) for i, (js, at) in enumerate(zip(succ_idx, succ_at))
+                           if len(js) > 1],
+                pred_first=[us[0] if us else 0 for us in pred_idx],
+                pred_at=[es[0] if es else 0 for es in pred_edge],
+                pred_zero=[i for i, us in enumerate(pred_idx) if not us],
+                pred_many=[(i, us, es) for i, (us, es) in enumerate(zip(pred_idx, pred_edge)) if len(us) > 1])
         return cached
 
 
@@ -215,19 +217,37 @@ class _Shape:
 
 @dataclass
 class _Stamp:
+    """A template in index form, for :meth:`Template.stamp`; a node's successors (and likewise its predecessors)
+    are ``first`` and ``at`` (the node and edge, when it has exactly one), or listed in ``zero`` or ``many``."""
+
     suffixes: list[str]            # node ids without the bucket name
     kinds: list[tuple[int, Any]]   # distinct (partition, size rule)
     kind: list[int]                # per node: its index in kinds
     encodes: list[int]
     ef_roles: list[str | None]     # per encode: the role part of its ef_key
-    succ_idx: list[list[int]]      # per node: successor indices, in the builder's order
-    succ_at: list[int]             # per node: index of its first out-edge in ``slots``
-    slots: list[int]               # per edge
-    pred_idx: list[list[int]]      # per node: predecessor indices, in the builder's order
-    pred_edge: list[list[int]]     # per node: the edges (indices into ``slots``) from those predecessors
-    succ_one: list[int]            # per node: its successor's index if it has exactly one, else -1
-    pred_one: list[int]            # per node: its predecessor's index if it has exactly one, else -1
-    pred_first: list[int]          # per node: its first in-edge, -1 if none
+    slots: list[int]               # per edge (edges in the builder's order of their source nodes)
+    succ_first: list[int]          # per node: its first successor (0 if none)
+    succ_at: list[int]             # per node: the edge to it (an index into ``slots``; 0 if none)
+    succ_zero: list[int]           # nodes without successors
+    succ_many: list[tuple[int, list[int], list[int]]]  # (node, its successors, the edges to them): several
+    pred_first: list[int]          # the same for predecessors, in the order of their edges
+    pred_at: list[int]
+    pred_zero: list[int]
+    pred_many: list[tuple[int, list[int], list[int]]]
+
+
+def _adjacency(names: list[str], data: list[dict], first: list[int], at: list[int], zero: list[int],
+               many: list[tuple[int, list[int], list[int]]]) -> list[dict[str, dict]]:
+    """Per node, its neighbour dict (neighbour id -> edge data): most ops have exactly one neighbour each
+    way, so every node gets the one-entry form first and the exceptions are patched in."""
+    if not data:
+        return [{} for _ in names]
+    out = [{k: v} for k, v in zip(map(names.__getitem__, first), map(data.__getitem__, at))]
+    for i in zero:
+        out[i] = {}
+    for i, ks, es in many:
+        out[i] = dict(zip([names[k] for k in ks], [data[e] for e in es]))
+    return out
 
 
 def _size_rule(codecs: dict[str, Codec], wire: dict[tuple[str, int], int], op: str, n: int, nbytes: int,
