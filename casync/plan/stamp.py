@@ -32,6 +32,8 @@ class Template:
     Building one is only the strategy's expansion: what stamping needs (size rules, renamability, edges in
     index form) is worked out the first time a copy is stamped or resized, so a template that serves one
     bucket only (the common case in a planned plan: one codec for the largest bucket) costs nothing more.
+    It shares its node attribute and successor dicts with the graph that adopted the builder's graph: a
+    caller keeping templates between calls (the planner) must not edit that graph in between.
     """
 
     bucket: str
