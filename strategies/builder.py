@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .base import Unit
 
 IDENTITY = get_codec("none")
+_COMMON = ("op", "actor", "bucket", "part", "numel", "priority")  # what add() sets itself
 
 
 def stable_hash(text: str) -> int:
@@ -32,6 +33,9 @@ class GraphBuilder:
         self.codecs: dict[str, Codec] = {}
         self._wire: dict[tuple[str, int], int] = {}
         self._keys: dict[int, tuple[Codec, str]] = {}  # id(codec) -> (codec, key): str() of a codec is not free
+        # the graph's own dictionaries, written directly (what DiGraph.add_node / add_edge store): plans are
+        # built op by op, and networkx's per-call overhead showed
+        self._node, self._succ, self._pred = self.graph._node, self.graph._succ, self.graph._pred
 
     def wire_nbytes(self, key: str, n: int) -> int:
         """``compressed_nbytes`` of codec ``key`` for ``n`` elements (memoized: a plan asks for few sizes)."""
@@ -53,37 +57,53 @@ class GraphBuilder:
         """A node of primitive ``op`` on ``actor`` for partition ``part`` of ``unit``'s bucket."""
         assert op in OPS, op
         start, stop = unit.partitions[part]
-        node = f"{unit.bucket}/p{part}/{actor}/{op}" + (f".{tag}" if tag else "")
-        g = self.graph
-        if node in g._node:
+        a = {"op": op, "actor": actor, "bucket": unit.bucket, "part": part, "numel": stop - start,
+             "priority": unit.priority}
+        a.update(attrs)
+        if len(a) != 6 + len(attrs):
+            raise TypeError(f"add() got attributes it sets itself: {sorted(set(attrs) & set(_COMMON))}")
+        return self._put(f"{unit.bucket}/p{part}/{actor}/{op}.{tag}" if tag else f"{unit.bucket}/p{part}/{actor}/{op}",
+                         a)
+
+    def _put(self, node: str, attrs: dict) -> str:
+        """Store node ``node`` with ``attrs`` (its attribute dict, in the order ``add`` gives them)."""
+        nodes = self._node
+        if node in nodes:
             raise ValueError(f"duplicate plan node {node!r}")
-        # what DiGraph.add_node stores, written directly (plans are built op by op: its overhead showed)
-        g._succ[node] = {}
-        g._pred[node] = {}
-        g._node[node] = dict(op=op, actor=actor, bucket=unit.bucket, part=part, numel=stop - start,
-                             priority=unit.priority, **attrs)
+        self._succ[node] = {}
+        self._pred[node] = {}
+        nodes[node] = attrs
         return node
 
     def connect(self, src: str, dst: str, slot: int = 0) -> None:
         """A data dependency; ``slot`` orders the inputs of a merge."""
-        g = self.graph
-        if src in g._node and dst in g._node:
+        if src in self._node and dst in self._node:
             data = {"slot": slot}  # one dict for both directions, as DiGraph.add_edge stores it
-            g._succ[src][dst] = data
-            g._pred[dst][src] = data
+            self._succ[src][dst] = data
+            self._pred[dst][src] = data
         else:
-            g.add_edge(src, dst, slot=slot)
+            self.graph.add_edge(src, dst, slot=slot)
+
+    def _new(self, unit: Unit, part: int, actor: str, op: str, tag: str, numel: int, **attrs) -> str:
+        """:meth:`add` for this builder's own primitives (``op`` valid, ``numel`` the partition's size)."""
+        a = {"op": op, "actor": actor, "bucket": unit.bucket, "part": part, "numel": numel, "priority": unit.priority}
+        a.update(attrs)
+        return self._put(f"{unit.bucket}/p{part}/{actor}/{op}.{tag}" if tag else f"{unit.bucket}/p{part}/{actor}/{op}",
+                         a)
 
     def encode(self, unit: Unit, part: int, actor: str, *, src: str | None, codec: Codec | None = None,
                ef_role: str | None = None, tag: str = "") -> str:
         """Encode ``src``'s dense output (or, with ``src=None``, the actor's local gradient part)."""
         codec = codec or unit.codec
-        n = unit.partitions[part][1] - unit.partitions[part][0]
+        start, stop = unit.partitions[part]
+        n = stop - start
         use_ef = ef_role is not None and unit.ef and codec is unit.codec
-        node = self.add(unit, part, actor, "encode", tag, codec=self.codec_key(codec), nbytes=4 * n,
-                        local_input=src is None, ef=use_ef,
-                        ef_key=f"{ef_role}/{unit.bucket}/{part}" if use_ef else None)
-        self.graph._node[node]["seed_key"] = stable_hash(node)
+        bucket = unit.bucket
+        node = f"{bucket}/p{part}/{actor}/encode.{tag}" if tag else f"{bucket}/p{part}/{actor}/encode"
+        self._put(node, {"op": "encode", "actor": actor, "bucket": bucket, "part": part, "numel": n,
+                         "priority": unit.priority, "codec": self.codec_key(codec), "nbytes": 4 * n,
+                         "local_input": src is None, "ef": use_ef,
+                         "ef_key": f"{ef_role}/{bucket}/{part}" if use_ef else None, "seed_key": stable_hash(node)})
         if src is not None:
             self.connect(src, node)
         return node
@@ -91,19 +111,22 @@ class GraphBuilder:
     def decode(self, unit: Unit, part: int, actor: str, payload: str, *, codec_of: str, output: bool = False,
                tag: str = "") -> str:
         """Decode the payload produced by node ``payload`` (whose encode node is ``codec_of``)."""
-        key = self.graph.nodes[codec_of]["codec"]
-        n = unit.partitions[part][1] - unit.partitions[part][0]
-        node = self.add(unit, part, actor, "decode", tag, codec=key, nbytes=self.wire_nbytes(key, n), output=output)
+        key = self._node[codec_of]["codec"]
+        start, stop = unit.partitions[part]
+        n = stop - start
+        node = self._new(unit, part, actor, "decode", tag, n, codec=key, nbytes=self.wire_nbytes(key, n),
+                         output=output)
         self.connect(payload, node)
         return node
 
     def merge(self, unit: Unit, part: int, actor: str, inputs: list[str], *, local_slot: int | None,
               divisor: int = 1, output: bool = False, tag: str = "") -> str:
         """Sum ``inputs`` (and the local gradient at position ``local_slot``) in that fixed order."""
-        n = unit.partitions[part][1] - unit.partitions[part][0]
+        start, stop = unit.partitions[part]
+        n = stop - start
         total = len(inputs) + (local_slot is not None)
-        node = self.add(unit, part, actor, "merge", tag, nbytes=4 * n * total, local_input=local_slot is not None,
-                        local_slot=local_slot, divisor=divisor, output=output)
+        node = self._new(unit, part, actor, "merge", tag, n, nbytes=4 * n * total, local_input=local_slot is not None,
+                         local_slot=local_slot, divisor=divisor, output=output)
         slots = [i for i in range(total) if i != local_slot]
         for src, slot in zip(inputs, slots):
             self.connect(src, node, slot)
@@ -114,31 +137,29 @@ class GraphBuilder:
         """Move ``payload`` from actor ``src`` to ``dst`` as a send/recv pair; returns the recv node.
 
         ``round``: the send's place in a shifted exchange (see ``primitives.ir``)."""
-        key = self.graph.nodes[codec_of]["codec"]
-        n = unit.partitions[part][1] - unit.partitions[part][0]
-        wire = self.wire_nbytes(key, n)
-        send = self.add(unit, part, src, "send", f"{stage}.to.{dst}", nbytes=wire, peer=dst, codec=key, stage=stage)
-        recv = self.add(unit, part, dst, "recv", f"{stage}.from.{src}", nbytes=wire, peer=src, codec=key,
-                        stage=stage)
-        if round is not None:
-            self.graph.nodes[send]["round"] = round
-        self.connect(payload, send)
-        self.connect(send, recv)
-        return recv
+        return self._pair(unit, part, payload, src, dst, dst, src, codec_of, stage, round)
 
     def self_transfer(self, unit: Unit, part: int, payload: str, me: str, to: str, came_from: str, codec_of: str,
                       stage: str, round: int | None = None) -> str:
         """For symmetric templates: a send from ``me`` to ``to`` whose symmetric twin arrives at ``me`` from
         ``came_from`` (both ops stay on ``me``; the send names the real peer, so the link is charged).
         ``round``: the send's place in a shifted exchange, as in the full plan (see :meth:`transfer`)."""
-        key = self.graph.nodes[codec_of]["codec"]
-        n = unit.partitions[part][1] - unit.partitions[part][0]
+        return self._pair(unit, part, payload, me, to, me, came_from, codec_of, stage, round)
+
+    def _pair(self, unit: Unit, part: int, payload: str, sender: str, to: str, receiver: str, came_from: str,
+              codec_of: str, stage: str, round: int | None) -> str:
+        """A send on ``sender`` (peer ``to``) and its recv on ``receiver`` (peer ``came_from``), connected after
+        ``payload``: what :meth:`transfer` and :meth:`self_transfer` add."""
+        key = self._node[codec_of]["codec"]
+        start, stop = unit.partitions[part]
+        n = stop - start
         wire = self.wire_nbytes(key, n)
-        send = self.add(unit, part, me, "send", f"{stage}.to.{to}", nbytes=wire, peer=to, codec=key, stage=stage)
-        recv = self.add(unit, part, me, "recv", f"{stage}.from.{came_from}", nbytes=wire, peer=came_from, codec=key,
-                        stage=stage)
+        send = self._new(unit, part, sender, "send", f"{stage}.to.{to}", n, nbytes=wire, peer=to, codec=key,
+                         stage=stage)
+        recv = self._new(unit, part, receiver, "recv", f"{stage}.from.{came_from}", n, nbytes=wire, peer=came_from,
+                         codec=key, stage=stage)
         if round is not None:
-            self.graph.nodes[send]["round"] = round
+            self._node[send]["round"] = round
         self.connect(payload, send)
         self.connect(send, recv)
         return recv

@@ -77,25 +77,21 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
     ef_keys: Counter[str] = Counter()
     outputs: Counter[tuple[str, str, int]] = Counter()
     pred, succ, nodes = graph._pred, graph._succ, graph._node
+    # what depends only on (bucket, part, numel, codec) or (bucket, codec) is checked once per distinct value:
+    # a plan has hundreds of thousands of nodes and few such combinations
+    placed: set[tuple] = set()
+    ef_of: dict[tuple[str, Any], bool] = {}
     for node, a in nodes.items():
         if attrs:
             check_node_attrs(node, a, workers)
         name = a.get("bucket")
-        parts = sizes.get(name)
-        if parts is None:
-            raise _fail(f"graph node {node!r}.bucket", f"no bucket named {name!r}")
-        part = a["part"]
-        if part >= len(parts):
-            raise _fail(f"graph node {node!r}.part", f"bucket {name!r} has {len(parts)} partition(s), got {part}")
-        if a["numel"] != parts[part]:
-            raise _fail(f"graph node {node!r}.numel", f"partition {part} of {name!r} has {parts[part]} elements, "
-                                                      f"got {a['numel']}")
-        op = a["op"]
         codec = a.get("codec")
-        if codec is not None and codec not in plan.codecs:
-            raise _fail(f"graph node {node!r}.codec", f"codec {codec!r} is not in 'codecs'")
-        if codec is not None and codec != codec_of[name] and codec != "none":
-            raise _fail(f"graph node {node!r}.codec", f"bucket {name!r} uses codec {codec_of[name]!r}, got {codec!r}")
+        place = (name, a.get("part"), a.get("numel"), codec)
+        if place not in placed:
+            _check_place(node, a, name, codec, sizes, codec_of, plan.codecs)
+            placed.add(place)
+        part = a["part"]
+        op = a["op"]
         inputs = pred[node]
         if op == "merge":
             _check_merge(node, a, inputs)
@@ -104,9 +100,11 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
             if len(inputs) != (0 if local else 1):
                 raise _fail(f"graph node {node!r}", f"an encode {'of the local gradient ' if local else ''}takes "
                                                     f"{0 if local else 1} input(s), has {len(inputs)}")
-            bucket = buckets[name]
-            expected_ef = bucket.uses_error_feedback and codec == codec_of[name]
+            expected_ef = ef_of.get((name, codec))
+            if expected_ef is None:
+                expected_ef = ef_of[(name, codec)] = buckets[name].uses_error_feedback and codec == codec_of[name]
             if a["ef"] != expected_ef:
+                bucket = buckets[name]
                 raise _fail(f"graph node {node!r}.ef", f"expected {str(expected_ef).lower()} for bucket {name!r} "
                                                        f"(codec {codec_of[name]!r}, error_feedback={bucket.error_feedback})")
             if expected_ef:
@@ -144,6 +142,24 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
         raise _fail("graph", f"error-feedback key {twice[0]!r} is used by several encodes")
     _check_outputs(outputs, sizes, workers, compact)
     _check_acyclic(pred, succ)
+
+
+def _check_place(node: str, a: dict[str, Any], name: Any, codec: Any, sizes: dict[str, list[int]],
+                 codec_of: dict[str, str], codecs: dict[str, Any]) -> None:
+    """A node's bucket, partition, size and codec agree with the plan's buckets and codecs."""
+    parts = sizes.get(name)
+    if parts is None:
+        raise _fail(f"graph node {node!r}.bucket", f"no bucket named {name!r}")
+    part = a["part"]
+    if part >= len(parts):
+        raise _fail(f"graph node {node!r}.part", f"bucket {name!r} has {len(parts)} partition(s), got {part}")
+    if a["numel"] != parts[part]:
+        raise _fail(f"graph node {node!r}.numel", f"partition {part} of {name!r} has {parts[part]} elements, "
+                                                  f"got {a['numel']}")
+    if codec is not None and codec not in codecs:
+        raise _fail(f"graph node {node!r}.codec", f"codec {codec!r} is not in 'codecs'")
+    if codec is not None and codec != codec_of[name] and codec != "none":
+        raise _fail(f"graph node {node!r}.codec", f"bucket {name!r} uses codec {codec_of[name]!r}, got {codec!r}")
 
 
 def _check_merge(node: str, a: dict[str, Any], inputs: dict[str, dict]) -> None:

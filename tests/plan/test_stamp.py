@@ -108,3 +108,41 @@ def test_large_plans_assemble_quickly():
     elapsed = time.perf_counter() - start
     assert plan.graph.number_of_nodes() == 29_280
     assert elapsed < 1.0, elapsed  # about 0.1 s on the 2-core development machine; generous for noise
+
+
+class LocalOnly(Strategy):
+    """Every worker keeps its own gradient (a merge of the local input alone): a sub-graph without edges."""
+
+    name = "local-only"
+    in_auto = False
+
+    def expand(self, g, unit):
+        for part in range(len(unit.partitions)):
+            for w in range(unit.workers):
+                g.merge(unit, part, f"worker:{w}", [], local_slot=0, divisor=unit.divisor, output=True)
+
+    def op_count(self, workers, parts, servers=None):
+        return workers * parts
+
+
+def test_a_template_without_edges_is_stamped_as_built():
+    register_strategy(LocalOnly())
+    try:
+        groups = name_buckets(SPECS[:3], make_buckets(SPECS[:3], 0))
+        choices = [BucketChoice("local-only", get_codec("none"), partitions=2)] * 3
+        plan = assemble_plan(SPECS[:3], 3, groups, choices)
+        same_graph(plan.graph, built_directly(SPECS[:3], 3, groups, choices))
+        assert plan.graph.number_of_edges() == 0 and plan.graph.number_of_nodes() == 3 * 3 * 2
+    finally:
+        unregister_strategy("local-only")
+
+
+def test_builder_add_refuses_attributes_it_sets_itself():
+    unit = Unit(bucket="b", partitions=((0, 4),), workers=1, codec=get_codec("none"), error_feedback=False,
+                divisor=1, priority=0)
+    g = GraphBuilder()
+    with pytest.raises(TypeError, match="numel"):
+        g.add(unit, 0, "worker:0", "merge", numel=3)
+    node = g.add(unit, 0, "worker:0", "merge", nbytes=16, local_input=True, local_slot=0, divisor=1, output=True)
+    assert list(g.graph.nodes[node]) == ["op", "actor", "bucket", "part", "numel", "priority", "nbytes",
+                                         "local_input", "local_slot", "divisor", "output"]
