@@ -11,7 +11,8 @@ This script shows that with the simulator instead of asserting it.  For the nete
 
 * **(a)** the emulated cluster as it is: ``ClusterModel(nodes=N, workers_per_node=1, bandwidth_gbps=G,
   host_cores=2)``: every node's ops compete for the machine's 2 cores;
-* **(b)** the same nodes, each with cores of its own (``cores_per_node=C``, ``host_cores=None``);
+* **(b)** the same nodes, each with cores of its own (``cores_per_node=C``, ``host_cores=None``), and with
+  ``C:L`` an actor running L ops at once (``compute_lanes=L``: ``RayEngine(compute_threads=L)``);
 
 with the direct plane's calibrated profile (``benchmarks/results/profile_direct_calibrated.json``: ops as
 they ran in loaded Ray actors) and with the packaged micro-benchmark profile (ops at their profiled speed).
@@ -70,16 +71,33 @@ def floor_s(per_actor: dict[str, float], cluster: ClusterModel) -> float:
     return max(max(sum(v) / cores, max(v) / cluster.compute_lanes) for v in nodes.values())
 
 
-def settings(workers: int, gbps: float, latency_us: float, host_cores: int, cores_per_node: tuple[int, ...]):
-    """``{name: ClusterModel}``: (a) the emulated nodes sharing ``host_cores``, (b) each with its own cores."""
+def setting_name(cores: int, lanes: int = 1) -> str:
+    return f"b{cores}" if lanes == 1 else f"b{cores}x{lanes}"
+
+
+def settings(workers: int, gbps: float, latency_us: float, host_cores: int,
+             cores_per_node: tuple[tuple[int, int], ...]):
+    """``{name: ClusterModel}``: (a) the emulated nodes sharing ``host_cores``, (b) each with its own cores
+    (``(cores, compute lanes per actor)`` pairs)."""
     common = dict(nodes=workers, workers_per_node=1, bandwidth_gbps=gbps, latency_us=latency_us)
     out = {"a": ClusterModel(**common, host_cores=host_cores)}
-    out.update({f"b{c}": ClusterModel(**common, cores_per_node=c) for c in cores_per_node})
+    out.update({setting_name(c, l): ClusterModel(**common, cores_per_node=c, compute_lanes=l)
+                for c, l in cores_per_node})
     return out
 
 
+def parse_cores(text: str) -> tuple[tuple[int, int], ...]:
+    """``"2,4,4:2"`` -> ``((2, 1), (4, 1), (4, 2))``: cores per node, optionally ``:`` compute lanes per actor."""
+    out = []
+    for item in text.split(","):
+        cores, _, lanes = item.partition(":")
+        out.append((int(cores), int(lanes or 1)))
+    return tuple(out)
+
+
 def simulate_grid(model: str, workers: int, rates: tuple[float, ...], profiles: dict[str, Profile],
-                  host_cores: int = 2, cores_per_node: tuple[int, ...] = (2,), latency_us: float = 10.0,
+                  host_cores: int = 2, cores_per_node: tuple[tuple[int, int], ...] = ((2, 1),),
+                  latency_us: float = 10.0,
                   configs=None) -> list[dict]:
     """One row per (profile, rate, configuration): wire bytes per node and, per setting, the simulated sync,
     the ops' CPU seconds and the floor; plus the link floor of an all-reduce at that rate."""
@@ -197,7 +215,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4, help="emulated nodes, one worker each")
     parser.add_argument("--gbps", default="1,10,25,100", help="link rates, Gbit/s")
     parser.add_argument("--host-cores", type=int, default=2, help="cores of the machine the nodes share, (a)")
-    parser.add_argument("--cores-per-node", default="2,4", help="each node's own cores, one setting (b) each")
+    parser.add_argument("--cores-per-node", default="2,4,2:2,4:2",
+                        help="each node's own cores, optionally :compute lanes per actor; one setting (b) each")
     parser.add_argument("--latency-us", type=float, default=10.0,
                         help="one-way link latency (links.env of the committed netem runs: 9-10 us)")
     parser.add_argument("--profile", default=CALIBRATED, help="calibrated profile (also: the packaged one)")
@@ -208,11 +227,11 @@ def main() -> None:
 
     started = time.time()
     rates = tuple(float(g) for g in args.gbps.split(","))
-    cores = tuple(int(c) for c in args.cores_per_node.split(","))
+    cores = parse_cores(args.cores_per_node)
     profiles = {"calibrated": Profile.load(args.profile), "packaged": Profile.default()}
     rows = simulate_grid(args.model, args.workers, rates, profiles, args.host_cores, cores, args.latency_us)
     meas = {g: measured(Path(args.measured), args.model, args.workers, g) for g in rates}
-    names = ["a"] + [f"b{c}" for c in cores]
+    names = ["a"] + [setting_name(c, l) for c, l in cores]
     body, summary = report(rows, meas, names, args.host_cores)
     slower = [(r["profile"], r["gbps"], r["strategy"], r["codec"], b) for r in rows for b in names[1:]
               if r[b]["sync_s"] > r["a"]["sync_s"] * (1 + 1e-9)]
@@ -224,7 +243,8 @@ def main() -> None:
             f"```\n{command}\n```\n\n"
             f"Settings: **(a)** `ClusterModel(nodes={args.workers}, workers_per_node=1, bandwidth_gbps=G, "
             f"latency_us={args.latency_us:g}, host_cores={args.host_cores})`, the emulated cluster; "
-            + "; ".join(f"**(b{c})** the same with `cores_per_node={c}`, `host_cores=None`" for c in cores)
+            + "; ".join(f"**({setting_name(c, l)})** the same with `cores_per_node={c}`, `host_cores=None`"
+                        + (f", `compute_lanes={l}` (`RayEngine(compute_threads={l})`)" if l > 1 else "") for c, l in cores)
             + f". Profiles: **calibrated** = `{args.profile}` (direct plane, ops as they ran in loaded Ray actors), "
             "**packaged** = `casync/data/default_profile.json` (ops at micro-benchmark speed, ideal runtime). "
             "Gloo's bucketed all_reduce is stood in for by casync's `ring/none` (the same ring algorithm: "

@@ -3,8 +3,10 @@
 Whatever hosts an actor — a Ray actor, a torchrun process, a thread in a test — runs its share of every
 sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`:
 
-* the calling thread runs compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as
-  ``LocalEngine`` does) and hands payloads to the senders; among ops whose inputs are there it always takes
+* the calling thread (and ``compute_threads - 1`` more: NumPy releases the GIL in its array loops, so an actor
+  with cores of its own runs that many ops at once, as the simulator's ``ClusterModel.compute_lanes``) runs
+  compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as ``LocalEngine`` does) and hands
+  payloads to the senders; among ops whose inputs are there each always takes
   the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of an urgent
   bucket overtakes the rest as soon as its data is in (preemption at partition granularity); a decode whose
   only reader is a merge is expanded by that merge block by block (its record is short, the merge's carries
@@ -61,8 +63,12 @@ class RankExecutor:
     """Runs ``share`` (one actor's ops) step after step over ``channel``; see the module docstring."""
 
     def __init__(self, share: ActorShare, codecs: Mapping[str, Codec], plan_seed: int,
-                 partitions: Mapping[str, list[tuple[int, int]]], channel: Channel, timeout_s: float = 60.0):
+                 partitions: Mapping[str, list[tuple[int, int]]], channel: Channel, timeout_s: float = 60.0,
+                 compute_threads: int = 1):
+        if isinstance(compute_threads, bool) or not isinstance(compute_threads, int) or compute_threads < 1:
+            raise ValueError(f"{share.actor}: compute_threads must be an int >= 1, got {compute_threads!r}")
         self.share = share
+        self.compute_threads = compute_threads
         self.codecs = dict(codecs)
         self.plan_seed = plan_seed
         self.partitions = {b: list(p) for b, p in partitions.items()}
@@ -161,9 +167,13 @@ class RankExecutor:
 
         Raises :class:`~casync.errors.SyncTimeoutError` when the step does not end within ``timeout_s`` of
         :meth:`begin` (naming what it still waits for), or the error a receive or an op raised."""
+        helpers = [threading.Thread(target=self._compute_helper, daemon=True, name=f"casync-compute-{self.actor}-{i}")
+                   for i in range(1, self.compute_threads)]
         try:
+            for thread in helpers:
+                thread.start()
             self._compute()
-            for thread in self._threads:
+            for thread in self._threads + helpers:
                 thread.join(max(0.0, self._deadline - time.monotonic()))
                 if thread.is_alive():
                     raise SyncTimeoutError(f"{self.actor}: step {self._step}: {thread.name} still busy after "
@@ -174,10 +184,22 @@ class RankExecutor:
             self._fail(exc)
             raise
         finally:
+            for thread in helpers:  # told to stop by _fail; one in an op ends it first (ops never block)
+                thread.join()
             self._step = None
             self._values = []
 
-    # -- the compute thread ---------------------------------------------------------------------------------
+    # -- the compute threads --------------------------------------------------------------------------------
+    def _compute_helper(self) -> None:
+        """An extra compute thread: what it raises, the calling thread's :meth:`finish` raises."""
+        try:
+            self._compute()
+        except BaseException as exc:
+            with self._cond:
+                if self._error is None:
+                    self._error = exc
+                self._cond.notify_all()
+
     def _compute(self) -> None:
         ops, total = self.share.ops, len(self.share.ops)
         while True:
@@ -319,6 +341,10 @@ class RankExecutor:
 
     def _fail(self, exc: BaseException) -> None:
         """Tell the peers to stop waiting for this actor (the channel aborts), then let the step go."""
+        with self._cond:  # the other compute threads stop at their next op
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
         for outbox in getattr(self, "_outbox", {}).values():
             outbox.put(None)
         try:

@@ -26,19 +26,22 @@ class ExecutorActor(DataPlaneMember):
     """Hosts :class:`~casync.engines.executor.RankExecutor` for one actor of a plan."""
 
     def __init__(self, name: str, share: ActorShare, codecs: dict, plan_seed: int,
-                 partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float):
+                 partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float,
+                 compute_threads: int = 1):
         keep_freed_memory()
         self.name = name
         self.actor = Actor.parse(name)
         self.share, self.codecs, self.plan_seed, self.partitions = share, codecs, plan_seed, partitions
         self.layouts = layouts
         self.timeout_s = timeout_s
+        self.compute_threads = compute_threads
         self.residuals: dict[str, np.ndarray] = {}
         self.previous: dict[str, np.ndarray] | None = None
         self.executor: RankExecutor | None = None
 
     def _on_channel(self, channel: Any) -> None:
-        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s)
+        self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s,
+                                     compute_threads=self.compute_threads)
 
     # -- a step ------------------------------------------------------------------------------------------------
     def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,

@@ -68,11 +68,14 @@ class RayEngine(EngineBase):
     ``transport``: ``"gloo"`` (default), ``"nccl"`` or ``"objectstore"`` (see the module docstring);
     ``transport_options``: ``{"port": int, "ifname": str}`` for the process group's rendezvous port on the
     first worker's node and the network interface (default: the one holding the Ray node's address).
+    ``compute_threads``: ops each actor runs at once on the direct plane (default 1); give more where an actor
+    has cores of its own (one actor per node or per GPU), e.g. with ``num_cpus_per_actor`` to match.
     """
 
     def __init__(self, plan: SyncPlan, address: str | None = None, timeout_s: float = 60.0,
                  placement: str = "spread", num_cpus_per_actor: float | None = None,
-                 transport: str = DEFAULT_TRANSPORT, transport_options: dict[str, Any] | None = None):
+                 transport: str = DEFAULT_TRANSPORT, transport_options: dict[str, Any] | None = None,
+                 compute_threads: int = 1):
         if not isinstance(plan, SyncPlan):
             raise TypeError(f"RayEngine needs a SyncPlan, got {type(plan).__name__}")
         plan.require_executable("RayEngine")
@@ -84,6 +87,11 @@ class RayEngine(EngineBase):
             raise ValueError(f"num_cpus_per_actor must be None or a finite positive number, got {num_cpus_per_actor!r}")
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+        if isinstance(compute_threads, bool) or not isinstance(compute_threads, int) or compute_threads < 1:
+            raise ValueError(f"compute_threads must be an int >= 1, got {compute_threads!r}")
+        if compute_threads > 1 and transport == "objectstore":
+            raise ValueError("compute_threads > 1 needs a direct data plane (transport 'direct', 'gloo' or 'nccl'); "
+                             "the object-store transport runs one Ray task at a time per actor")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
         options = dict(transport_options or {})
@@ -93,6 +101,7 @@ class RayEngine(EngineBase):
         super().__init__()
         self.transport = transport
         self.transport_options = options
+        self.compute_threads = compute_threads
         self.plan = plan
         self.timeout_s = float(timeout_s)
         self.program = compile_program(plan) if transport == "objectstore" else None
@@ -134,7 +143,7 @@ class RayEngine(EngineBase):
         shares = actor_shares(self.plan)
         for index, name in enumerate(names):
             self.group.start(name, RemoteExecutorActor, index, cpus, name, shares[name], self.plan.codecs,
-                             self.plan.seed, partitions, self._layouts, self.timeout_s)
+                             self.plan.seed, partitions, self._layouts, self.timeout_s, self.compute_threads)
         self.interfaces = form_group(self.actors, [(self.plan, 0)], self.transport, self.transport_options, self._get)
 
     def close(self) -> None:

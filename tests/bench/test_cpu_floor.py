@@ -27,7 +27,7 @@ cf = _load("cpu_floor")
 
 def test_own_cores_are_never_slower_and_the_shared_floor_is_op_cpu_over_host_cores():
     profiles = {"calibrated": Profile.load(ROOT / cf.CALIBRATED), "packaged": Profile.default()}
-    rows = cf.simulate_grid("tiny", 2, (1.0, 10.0), profiles, host_cores=1, cores_per_node=(1, 2))
+    rows = cf.simulate_grid("tiny", 2, (1.0, 10.0), profiles, host_cores=1, cores_per_node=cf.parse_cores("1,2,2:2"))
     assert len(rows) == 2 * 2 * len(cf.STRATEGIES) * len(cf.CODECS)
     for r in rows:
         a = r["a"]
@@ -38,6 +38,10 @@ def test_own_cores_are_never_slower_and_the_shared_floor_is_op_cpu_over_host_cor
             assert r[b]["cluster"]["cores_per_node"] == int(b[1:]) and r[b]["cluster"]["host_cores"] is None
             assert r[b]["op_cpu_s"] == pytest.approx(a["op_cpu_s"])  # the same ops, other cores
             assert r[b]["sync_s"] <= a["sync_s"] * (1 + 1e-9), (r["strategy"], r["codec"], b)
+        # two ops at once on an actor's own 2 cores: never slower than one at a time, and its floor halves at most
+        assert r["b2x2"]["cluster"]["compute_lanes"] == 2
+        assert r["b2x2"]["sync_s"] <= r["b2"]["sync_s"] * (1 + 1e-9), (r["strategy"], r["codec"])
+        assert r["b2x2"]["floor_s"] >= r["b2"]["floor_s"] / 2 * (1 - 1e-9)
         standin = next(s for s in rows if (s["profile"], s["gbps"], s["strategy"], s["codec"])
                        == (r["profile"], r["gbps"], *cf.STANDIN))
         assert r["wire_mb_per_node"] > 0 and standin["link_floor_s"] == r["link_floor_s"]

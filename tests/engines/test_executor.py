@@ -14,16 +14,18 @@ from casync.engines.nonfinite import layouts, scan_worker
 from casync.errors import SyncError, SyncTimeoutError
 from casync.schedule import actor_shares
 from casync.transport.base import LocalHub
+from primitives.codecs.sign import OneBitCodec
 from primitives.ir import Actor
 from tests.helpers import make_grads
 
 SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}
 
 
-def executors(plan, hub, timeout_s=10.0):
+def executors(plan, hub, timeout_s=10.0, compute_threads=1):
     shares = actor_shares(plan)
     parts = {b.name: list(b.partitions) for b in plan.buckets}
-    return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, hub.channel(a), timeout_s) for a in plan.actors}
+    return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, hub.channel(a), timeout_s,
+                            compute_threads=compute_threads) for a in plan.actors}
 
 
 def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0):
@@ -60,11 +62,12 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0):
 
 @pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", servers=2),
                                 dict(strategy="allgather")], ids=["ring", "ps", "ps-servers", "allgather"])
-@pytest.mark.parametrize("codec", ["none", "onebit", "topk:ratio=0.2"])
-def test_threads_over_a_hub_are_bit_identical_to_local_engine(kw, codec):
+@pytest.mark.parametrize("codec", ["none", "onebit", "topk:ratio=0.2", "fp16"])
+@pytest.mark.parametrize("compute_threads", [1, 3])
+def test_threads_over_a_hub_are_bit_identical_to_local_engine(kw, codec, compute_threads):
     plan = casync.build_plan(SHAPES, workers=3, codec=codec, partitions=2, bucket_bytes=600, **kw)
     reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
-    execs, residuals = executors(plan, hub), {a: {} for a in plan.actors}
+    execs, residuals = executors(plan, hub, compute_threads=compute_threads), {a: {} for a in plan.actors}
     for step in range(3):
         flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
         want = reference.run_flat(flats)
@@ -126,3 +129,73 @@ def test_a_step_cannot_begin_twice():
     ex.begin(0, {})
     with pytest.raises(SyncError, match="still open"):
         ex.begin(1, {})
+
+
+class SlowOneBit(OneBitCodec):
+    """onebit whose encode also sleeps (releasing the GIL, as NumPy's array loops do), or with ``fail`` raises
+    when it runs on an executor's extra compute thread."""
+
+    name = "slow-onebit"
+
+    def __init__(self, seconds: float = 0.05, fail: bool = False):
+        self.seconds, self.fail = seconds, fail
+
+    def params(self) -> dict:
+        return {"seconds": self.seconds, "fail": self.fail}
+
+    def encode(self, x, seed=0):
+        time.sleep(self.seconds)
+        if self.fail and threading.current_thread().name.startswith("casync-compute"):
+            raise RuntimeError("encode failed on purpose")
+        return super().encode(x, seed)
+
+
+def _many_buckets_plan(codec):
+    shapes = {f"t{i}": (64,) for i in range(6)}
+    return casync.build_plan(shapes, workers=2, strategy="ps", codec=codec, partitions=1, bucket_bytes=0,
+                             error_feedback=False), shapes
+
+
+def test_compute_threads_run_ops_at_once():
+    """Two compute threads overlap independent encodes (each op's record spans its own work), and the results
+    stay those of LocalEngine."""
+    plan, shapes = _many_buckets_plan(SlowOneBit(0.05))
+    flats, _ = flatten_worker_grads(plan, make_grads(shapes, 2))
+    want = casync.LocalEngine(plan).run_flat(flats)
+    spans = {}
+    for threads in (1, 2):
+        execs = executors(plan, LocalHub(timeout_s=10), compute_threads=threads)
+        got, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
+        assert not errors
+        for w in range(2):
+            for bucket in want[w]:
+                assert np.array_equal(got[f"worker:{w}"][bucket], want[w][bucket])
+        records = [r for r in execs["worker:0"]._records if r[0] == "encode"]
+        busy = sum(end - start for _, _, _, start, end, *_ in records)
+        spans[threads] = (max(r[4] for r in records) - min(r[3] for r in records), busy)
+    one_span, one_busy = spans[1]
+    two_span, two_busy = spans[2]
+    assert one_span >= 0.95 * one_busy  # one thread: encodes one after another
+    assert two_span < 0.75 * two_busy  # two threads: encodes overlap
+
+
+def test_an_op_failing_on_a_helper_thread_fails_the_step_and_leaves_no_thread_behind():
+    plan, shapes = _many_buckets_plan(SlowOneBit(0.02, fail=True))
+    flats, _ = flatten_worker_grads(plan, make_grads(shapes, 2))
+    before = threading.active_count()
+    start = time.monotonic()
+    execs = executors(plan, LocalHub(timeout_s=5), timeout_s=5.0, compute_threads=3)
+    _, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
+    assert time.monotonic() - start < 5  # not the timeout: the failure itself
+    assert isinstance(errors["worker:0"], SyncError) and "encode failed on purpose" in str(errors["worker:0"])
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("casync-compute")]
+
+
+def test_compute_threads_must_be_a_positive_int():
+    plan = casync.build_plan(SHAPES, workers=2, codec="onebit")
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="compute_threads"):
+            executors(plan, LocalHub(), compute_threads=bad)

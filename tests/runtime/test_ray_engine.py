@@ -44,6 +44,30 @@ def test_bitwise_identical_to_local_engine(ray_local, strategy, codec, workers, 
         np.testing.assert_array_equal(ray_state["residuals"][key], value)
 
 
+def test_compute_threads_keep_results_bitwise(ray_local):
+    """Actors running two ops at once give LocalEngine's results and residuals, step after step."""
+    plan = casync.build_plan(SHAPES, workers=3, strategy="ps", codec="onebit", bucket_bytes=512, partitions=2)
+    local = casync.LocalEngine(plan)
+    with RayEngine(plan, timeout_s=60, compute_threads=2) as engine:
+        for step in range(3):
+            grads = make_grads(SHAPES, 3, seed=step)
+            expected, got = local.sync(grads), engine.sync(grads)
+            for w in range(3):
+                for name in SHAPES:
+                    np.testing.assert_array_equal(got[w][name], expected[w][name], err_msg=f"{name} worker {w}")
+        for key, value in local.state_dict()["residuals"].items():
+            np.testing.assert_array_equal(engine.state_dict()["residuals"][key], value)
+
+
+def test_compute_threads_are_checked(ray_local):
+    plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit")
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="compute_threads"):
+            RayEngine(plan, compute_threads=bad)
+    with pytest.raises(ValueError, match="direct data plane"):
+        RayEngine(plan, compute_threads=2, transport="objectstore")
+
+
 def test_timeline_shows_overlap_between_tensors(ray_local, tmp_path):
     """Some op of one tensor runs while an op of another tensor runs on another actor."""
     shapes = {f"t{i}": (400_000,) for i in range(4)}
