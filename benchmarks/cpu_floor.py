@@ -22,7 +22,7 @@ casync's uncompressed ring (``ring/none``): gloo's ring algorithm moves the same
 does the same float adds.  The pure link floor, 2(N-1)/N x bytes / bandwidth, is given too: no all-reduce
 beats it.  **op CPU** is the compute the plan's ops need per sync over all actors (from the simulated
 timeline); **floor** is what that costs at best on the cores the setting has: on (a) op CPU / host cores,
-on (b) the busiest node's op CPU over its cores, or one actor's op CPU where its ops run on one lane.
+on (b) the busiest node's op CPU over its cores, or one actor's op CPU over its compute lanes.
 Measured times come from the committed netem runs' ``bench.json`` (``benchmarks/results/netem_*``).
 PowerSGD is not a casync plan and is not modelled; only its measured times are reported.
 """
@@ -252,7 +252,7 @@ def main() -> None:
             "the same setting and profile; **× link floor** = 2(N-1)/N × bytes / bandwidth / the row's ms (a ratio no "
             "all-reduce can make smaller). **op CPU** = seconds of compute of all actors per sync (the same on every "
             "setting); **floor** = op CPU / host cores on (a); on (b) the busiest node's op CPU / its cores, or one "
-            "actor's op CPU where that is larger (an actor runs its ops on one lane). **measured** = sync ms of the "
+            "actor's op CPU / its compute lanes where that is larger. **measured** = sync ms of the "
             "committed netem runs on the direct plane (`benchmarks/results/<run>/bench.json`, newest first, "
             "range over runs). Every configuration is at least as fast on (b) as on (a): "
             f"{'yes' if not slower else 'NO: ' + str(slower)}. **× measured gloo** divides gloo's time measured on the "
