@@ -42,7 +42,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     :func:`casync.build_plan`'s; ``min_compress_bytes``: smaller buckets go uncompressed; ``nonfinite``:
     ``"propagate"`` (default), ``"skip"`` (``step()`` then skips the update on every rank) or ``"raise"``
     (``synchronize()`` raises :class:`~casync.NonFiniteGradientError` on every rank, nothing changed).
-    ``process_group``, ``timeout_s``, ``check_every``, ``transport`` as for :class:`~casync.torch.CasyncState`.
+    ``process_group``, ``timeout_s``, ``check_every``, ``transport``, ``compute_threads`` as for
+    :class:`~casync.torch.CasyncState`.
     Construct it at the same point on every rank (it creates casync's process groups).
     """
 
@@ -50,7 +51,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  strategy: Any = "ring", codec: Any = "onebit", error_feedback: bool | str = "auto",
                  backward_passes_per_step: int = 1, min_compress_bytes: int = 0, nonfinite: str = "propagate", *,
                  process_group: Any = None, timeout_s: float = 60.0, check_every: int = 10,
-                 transport: str = "direct", **plan_options: Any):
+                 transport: str = "direct", compute_threads: int = 1, **plan_options: Any):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
@@ -73,7 +74,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # are the wrapped optimizer's (properties below), also after its load_state_dict() replaces them
         torch.optim.Optimizer.__setstate__(self, {})
         self.backward_passes_per_step = backward_passes_per_step
-        self._sync = SyncState(options, process_group, timeout_s, transport, check_every)
+        self._sync = SyncState(options, process_group, timeout_s, transport, check_every, compute_threads)
         group = self._sync.ensure_group()
         self._params = [(n, p) for n, p in named if p.requires_grad]
         if not self._params:

@@ -115,7 +115,7 @@ class Background:
 class PlanRunner:
     """Runs the share of ``actor`` (default ``worker:<rank>``) of ``plan`` over ``group``, one step at a time."""
 
-    def __init__(self, plan: SyncPlan, group: CasyncGroup, actors: list[str] | None = None):
+    def __init__(self, plan: SyncPlan, group: CasyncGroup, actors: list[str] | None = None, compute_threads: int = 1):
         plan.require_executable("casync.torch")
         self.plan = plan
         self.group = group
@@ -125,7 +125,8 @@ class PlanRunner:
         share = actor_shares(plan)[self.actor]
         partitions = {b.name: list(b.partitions) for b in plan.buckets}
         channel = group.channel(plan, names)
-        self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s)
+        self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s,
+                                     compute_threads=compute_threads)
         self.layouts = {lay.name: lay for lay in layouts(plan)}
         self.residuals: dict[str, np.ndarray] = {}
         self.owned = {a["ef_key"] for _, a in plan.graph.nodes(data=True)

@@ -29,7 +29,7 @@ class SyncState:
     """casync's side of one training job on this rank (see the module docstring)."""
 
     def __init__(self, options: SyncOptions, process_group: Any = None, timeout_s: float = 60.0,
-                 transport: str = "direct", check_every: int = 10):
+                 transport: str = "direct", check_every: int = 10, compute_threads: int = 1):
         if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and 0 < timeout_s < 1e9):
             raise ValueError(f"timeout_s must be a finite positive number of seconds, got {timeout_s!r}")
         if transport not in ("direct", "gloo"):
@@ -37,7 +37,10 @@ class SyncState:
                              f"machines) or 'gloo', got {transport!r}")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
             raise ValueError(f"check_every must be an int >= 0 (0: never compare parameters), got {check_every!r}")
+        if isinstance(compute_threads, bool) or not isinstance(compute_threads, int) or compute_threads < 1:
+            raise ValueError(f"compute_threads must be an int >= 1, got {compute_threads!r}")
         self.options = options
+        self.compute_threads = compute_threads
         self.process_group = process_group
         self.timeout_s = float(timeout_s)
         self.transport = transport
@@ -66,7 +69,7 @@ class SyncState:
             if self.plan.workers != group.world:
                 raise ValueError(f"the plan (from the checkpoint) syncs {self.plan.workers} ranks but this job has "
                                  f"{group.world}; resume with the same number of ranks, or start casync's state anew")
-            runner = PlanRunner(self.plan, group)
+            runner = PlanRunner(self.plan, group, compute_threads=self.compute_threads)
             runner.set_residuals(from_named(self.plan, self._saved, runner.actor))
             self._saved = {}
             self.runner = runner
@@ -197,13 +200,14 @@ class CasyncState(SyncState):
     inside backward leaves DDP unusable.  ``check_every``: compare the replicas' parameters every that many
     steps (0: never).  ``model``: the DDP module (or its wrapped module), to name parameters; by default the
     hook finds the DDP module it is registered on.  ``transport``: ``"direct"`` (shared memory between ranks of
-    one machine) or ``"gloo"``.
+    one machine) or ``"gloo"``.  ``compute_threads``: ops a rank runs at once (``RayEngine``'s meaning; give
+    more than 1 only where a rank has cores to spare beside its training threads).
     """
 
     def __init__(self, process_group: Any = None, strategy: Any = "ring", codec: Any = "onebit",
                  error_feedback: bool | str = "auto", start_iter: int = 0, min_compress_bytes: int = 0,
                  nonfinite: str = "propagate", *, model: Any = None, timeout_s: float = 60.0,
-                 check_every: int = 10, transport: str = "direct", **plan_options: Any):
+                 check_every: int = 10, transport: str = "direct", compute_threads: int = 1, **plan_options: Any):
         options = SyncOptions.make(strategy, codec, error_feedback, min_compress_bytes, nonfinite, plan_options,
                                    fixed_buckets=True)
         if nonfinite == "raise":
@@ -211,7 +215,7 @@ class CasyncState(SyncState):
                              "DDP's reducer unusable; use 'propagate' (a GradScaler then skips the step) or 'skip'")
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
             raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}")
-        super().__init__(options, process_group, timeout_s, transport, check_every)
+        super().__init__(options, process_group, timeout_s, transport, check_every, compute_threads)
         self.start_iter = start_iter
         self.model = model
         self.session: Any = None  # casync.torch.hook's per-process bookkeeping, made at the first hook call

@@ -31,7 +31,7 @@ def synced(rank: int, world: int, steps: int = 4) -> dict[str, Any]:
     accumulated = GradientModel(SHAPES)
     acc = ct.DistributedOptimizer(torch.optim.SGD(accumulated.parameters(), lr=0.0), accumulated.named_parameters(),
                                   strategy="allgather", codec="topk:ratio=0.1", bucket_bytes=4096,
-                                  backward_passes_per_step=2)
+                                  backward_passes_per_step=2, compute_threads=2)  # two ops at once: same floats
     for step in range(2):
         acc.zero_grad()
         feed(accumulated, step_grads(world, 2 * step)[rank])

@@ -11,7 +11,9 @@ from tests.torch.harness import RankError, ok, run_ranks
 
 CONFIGS = [dict(strategy=s, codec=c) for s in ("ring", "ps", "allgather") for c in ("none", "onebit", "topk:ratio=0.1")]
 EXTRA = [dict(strategy="ring", codec="onebit", min_compress_bytes=10_000),  # small buckets stay uncompressed
-         dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=3, bandwidth_gbps=1))]
+         dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=3, bandwidth_gbps=1)),
+         dict(strategy="ps", codec="onebit", compute_threads=2),  # ops at once on a rank: the same floats
+         dict(strategy="ring", codec="topk:ratio=0.1", compute_threads=3)]
 
 
 def _reference(plan_data: dict, world: int, start: int, steps: int) -> list[list[dict]]:
