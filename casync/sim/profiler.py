@@ -43,8 +43,16 @@ def fit_linear(sizes: Iterable[float], seconds: Iterable[float]) -> LinearCost:
 
 def profile_codecs(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] = DEFAULT_SIZES,
                    repeat: int = 3, progress: bool = False) -> dict[str, dict[str, LinearCost]]:
-    """encode, encode with error feedback, and decode cost of each codec, fitted over ``sizes``."""
+    """encode, encode with error feedback, and decode cost of each codec, fitted over ``sizes``.
+
+    PyTorch is imported first where it is installed: every engine's processes (Ray actors, DDP ranks, the
+    Trainer) have it loaded, and fp16 casts through it there (``primitives.codecs.dense.cast``)."""
     from tqdm.auto import tqdm
+
+    try:
+        import torch  # noqa: F401  (measure the casts the engines run)
+    except ImportError:
+        pass
 
     rng = np.random.default_rng(0)
     sizes = list(sizes)
