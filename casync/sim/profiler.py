@@ -45,14 +45,24 @@ def profile_codecs(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] 
                    repeat: int = 3, progress: bool = False) -> dict[str, dict[str, LinearCost]]:
     """encode, encode with error feedback, and decode cost of each codec, fitted over ``sizes``.
 
-    PyTorch is imported first where it is installed: every engine's processes (Ray actors, DDP ranks, the
-    Trainer) have it loaded, and fp16 casts through it there (``primitives.codecs.dense.cast``)."""
-    from tqdm.auto import tqdm
-
+    PyTorch is imported first where it is installed, on one thread: every engine's processes (Ray actors,
+    DDP ranks, the Trainer) have it loaded, and fp16 casts through it there (``primitives.codecs.dense.cast``),
+    one op on one core."""
     try:
-        import torch  # noqa: F401  (measure the casts the engines run)
+        import torch
     except ImportError:
-        pass
+        return _profile_codecs(codecs, sizes, repeat, progress)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _profile_codecs(codecs, sizes, repeat, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
+                    progress: bool) -> dict[str, dict[str, LinearCost]]:
+    from tqdm.auto import tqdm
 
     rng = np.random.default_rng(0)
     sizes = list(sizes)
