@@ -67,6 +67,7 @@ def engine_spans(configs: list[str], workers: int, rounds: int, syncs: int = 5) 
     import ray
 
     import casync
+    from casync.bench.measure import sync_span
     from casync.datasets.gradients import model_shapes
     from casync.runtime.ray_engine import RayEngine
 
@@ -85,10 +86,8 @@ def engine_spans(configs: list[str], workers: int, rounds: int, syncs: int = 5) 
                     with RayEngine(plan, address="auto", compute_threads=threads) as engine:
                         for _ in range(syncs + 1):
                             engine.sync(grads)
-                        for step in range(1, syncs + 1):
-                            rows = [r for r in engine.timeline(step) if r["op"] != "load"]
-                            spans.setdefault((config, threads), []).append(
-                                max(r["end"] for r in rows) - min(r["start"] for r in rows))
+                        spans.setdefault((config, threads), []).extend(
+                            sync_span(engine.timeline(step)) for step in range(1, syncs + 1))
     finally:
         ray.shutdown()
     return {f"{c}|{t}": v for (c, t), v in spans.items()}

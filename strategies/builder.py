@@ -56,14 +56,10 @@ class GraphBuilder:
     def add(self, unit: Unit, part: int, actor: str, op: str, tag: str = "", **attrs) -> str:
         """A node of primitive ``op`` on ``actor`` for partition ``part`` of ``unit``'s bucket."""
         assert op in OPS, op
-        start, stop = unit.partitions[part]
-        a = {"op": op, "actor": actor, "bucket": unit.bucket, "part": part, "numel": stop - start,
-             "priority": unit.priority}
-        a.update(attrs)
-        if len(a) != 6 + len(attrs):
+        if not attrs.keys().isdisjoint(_COMMON):
             raise TypeError(f"add() got attributes it sets itself: {sorted(set(attrs) & set(_COMMON))}")
-        return self._put(f"{unit.bucket}/p{part}/{actor}/{op}.{tag}" if tag else f"{unit.bucket}/p{part}/{actor}/{op}",
-                         a)
+        start, stop = unit.partitions[part]
+        return self._new(unit, part, actor, op, tag, stop - start, **attrs)
 
     def _put(self, node: str, attrs: dict) -> str:
         """Store node ``node`` with ``attrs`` (its attribute dict, in the order ``add`` gives them)."""
@@ -85,7 +81,7 @@ class GraphBuilder:
             self.graph.add_edge(src, dst, slot=slot)
 
     def _new(self, unit: Unit, part: int, actor: str, op: str, tag: str, numel: int, **attrs) -> str:
-        """:meth:`add` for this builder's own primitives (``op`` valid, ``numel`` the partition's size)."""
+        """:meth:`add` without its checks, for this builder's own primitives (``numel``: the partition's size)."""
         a = {"op": op, "actor": actor, "bucket": unit.bucket, "part": part, "numel": numel, "priority": unit.priority}
         a.update(attrs)
         return self._put(f"{unit.bucket}/p{part}/{actor}/{op}.{tag}" if tag else f"{unit.bucket}/p{part}/{actor}/{op}",
@@ -98,12 +94,10 @@ class GraphBuilder:
         start, stop = unit.partitions[part]
         n = stop - start
         use_ef = ef_role is not None and unit.ef and codec is unit.codec
-        bucket = unit.bucket
-        node = f"{bucket}/p{part}/{actor}/encode.{tag}" if tag else f"{bucket}/p{part}/{actor}/encode"
-        self._put(node, {"op": "encode", "actor": actor, "bucket": bucket, "part": part, "numel": n,
-                         "priority": unit.priority, "codec": self.codec_key(codec), "nbytes": 4 * n,
-                         "local_input": src is None, "ef": use_ef,
-                         "ef_key": f"{ef_role}/{bucket}/{part}" if use_ef else None, "seed_key": stable_hash(node)})
+        node = self._new(unit, part, actor, "encode", tag, n, codec=self.codec_key(codec), nbytes=4 * n,
+                         local_input=src is None, ef=use_ef,
+                         ef_key=f"{ef_role}/{unit.bucket}/{part}" if use_ef else None)
+        self._node[node]["seed_key"] = stable_hash(node)
         if src is not None:
             self.connect(src, node)
         return node

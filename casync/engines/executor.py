@@ -59,16 +59,21 @@ def side_tag(transfer: int) -> int:
     return 3 + 2 * transfer
 
 
+def check_compute_threads(value: Any, who: str = "") -> int:
+    """``value`` as a number of compute threads (an int >= 1), or a ValueError naming ``who``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{who + ': ' if who else ''}compute_threads must be an int >= 1, got {value!r}")
+    return value
+
+
 class RankExecutor:
     """Runs ``share`` (one actor's ops) step after step over ``channel``; see the module docstring."""
 
     def __init__(self, share: ActorShare, codecs: Mapping[str, Codec], plan_seed: int,
                  partitions: Mapping[str, list[tuple[int, int]]], channel: Channel, timeout_s: float = 60.0,
                  compute_threads: int = 1):
-        if isinstance(compute_threads, bool) or not isinstance(compute_threads, int) or compute_threads < 1:
-            raise ValueError(f"{share.actor}: compute_threads must be an int >= 1, got {compute_threads!r}")
         self.share = share
-        self.compute_threads = compute_threads
+        self.compute_threads = check_compute_threads(compute_threads, share.actor)
         self.codecs = dict(codecs)
         self.plan_seed = plan_seed
         self.partitions = {b: list(p) for b, p in partitions.items()}

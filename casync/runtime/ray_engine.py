@@ -22,6 +22,7 @@ import numpy as np
 from ray.exceptions import RayTaskError
 
 from ..engines.contract import EngineBase, fresh_results
+from ..engines.executor import check_compute_threads
 from ..engines.inputs import check_flats
 from ..engines.nonfinite import SyncOutput, layouts, scan_worker, void_step, voids_step
 from ..engines.state import EngineState
@@ -87,8 +88,7 @@ class RayEngine(EngineBase):
             raise ValueError(f"num_cpus_per_actor must be None or a finite positive number, got {num_cpus_per_actor!r}")
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
-        if isinstance(compute_threads, bool) or not isinstance(compute_threads, int) or compute_threads < 1:
-            raise ValueError(f"compute_threads must be an int >= 1, got {compute_threads!r}")
+        check_compute_threads(compute_threads)
         if compute_threads > 1 and transport == "objectstore":
             raise ValueError("compute_threads > 1 needs a direct data plane (transport 'direct', 'gloo' or 'nccl'); "
                              "the object-store transport runs one Ray task at a time per actor")

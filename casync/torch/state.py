@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..engines.executor import check_compute_threads
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
 from .group import CasyncGroup
@@ -37,10 +38,8 @@ class SyncState:
                              f"machines) or 'gloo', got {transport!r}")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
             raise ValueError(f"check_every must be an int >= 0 (0: never compare parameters), got {check_every!r}")
-        if isinstance(compute_threads, bool) or not isinstance(compute_threads, int) or compute_threads < 1:
-            raise ValueError(f"compute_threads must be an int >= 1, got {compute_threads!r}")
         self.options = options
-        self.compute_threads = compute_threads
+        self.compute_threads = check_compute_threads(compute_threads)
         self.process_group = process_group
         self.timeout_s = float(timeout_s)
         self.transport = transport

@@ -1,6 +1,7 @@
 """Dense codecs: ``none`` (identity, lossless) and ``fp16`` (IEEE half precision)."""
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 
@@ -112,7 +113,14 @@ def cast(src: np.ndarray, out: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             np.copyto(out, src, casting="same_kind")
         return out
-    with warnings.catch_warnings():  # a read-only source (a payload in shared memory) is only read
-        warnings.simplefilter("ignore", UserWarning)
-        torch.from_numpy(out).copy_(torch.from_numpy(src))
+    if not src.flags.writeable:  # a payload from a read-only buffer: torch would warn, though it only reads it
+        _quiet_read_only_warning()
+    torch.from_numpy(out).copy_(torch.from_numpy(src))
     return out
+
+
+@functools.cache
+def _quiet_read_only_warning() -> None:
+    """Silence, once and for that message only, torch's warning about wrapping a read-only array
+    (``warnings.catch_warnings`` around every cast would be slow and is not thread-safe)."""
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
