@@ -99,12 +99,16 @@ class RankExecutor:
         self._step: int | None = None
 
     # -- a step ------------------------------------------------------------------------------------------
-    def begin(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None = None) -> None:
+    def begin(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None = None,
+              out: Mapping[str, np.ndarray] | None = None) -> None:
         """Open ``step``: post every receive of the step and start the receiver threads.  ``codecs``: this
         step's codec objects by key, when they differ from the plan's (a sparsity warm-up); every actor must
-        pass the same."""
+        pass the same.  ``out``: where to write the step's results, one float32 buffer per bucket of this
+        actor (a caller that copies its results away each step reuses them: fresh pages cost more to fault
+        in than the decodes that fill them); fresh arrays when None."""
         if self._step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self._step} is still open")
+        results = self._result_buffers(out)
         ops = self.share.ops
         self._step = step
         self._codecs = dict(codecs) if codecs else self.codecs
@@ -125,7 +129,7 @@ class RankExecutor:
         self._done = 0
         self._error: BaseException | None = None
         self._records: list[tuple] = []
-        self._results = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in self.partitions.items()}
+        self._results = results
         for index, op in enumerate(ops):
             if self._waiting[index] == 0 and op.attrs["op"] != "recv":
                 heapq.heappush(self._ready, (op.key, index))
@@ -154,6 +158,21 @@ class RankExecutor:
                           for peer, count in self._to_peer.items()]
         for thread in self._threads:
             thread.start()
+
+    def _result_buffers(self, out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """One result buffer per bucket: ``out``'s, checked, or fresh ones."""
+        sizes = {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}
+        if out is None:
+            return {b: np.empty(n, np.float32) for b, n in sizes.items()}
+        if set(out) != set(sizes):
+            raise ValueError(f"{self.actor}: out= must have one buffer per bucket {sorted(sizes)}, got {sorted(out)}")
+        for b, n in sizes.items():
+            buf = out[b]
+            if not (isinstance(buf, np.ndarray) and buf.dtype == np.float32 and buf.shape == (n,)
+                    and buf.flags.c_contiguous and buf.flags.writeable):
+                raise ValueError(f"{self.actor}: out[{b!r}] must be a writeable contiguous float32 array of shape "
+                                 f"({n},), got {getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}")
+        return dict(out)
 
     def provide(self, bucket: str, flat: np.ndarray, flagged: set[tuple[str, int]] | None = None) -> None:
         """This actor's gradient of ``bucket`` (a flat float32 buffer, not modified); ``flagged``: its

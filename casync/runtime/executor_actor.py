@@ -20,6 +20,7 @@ from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import ActorShare
 from .data_plane import DataPlaneMember
+from .shared_results import SharedResults, room_for
 
 
 class ExecutorActor(DataPlaneMember):
@@ -38,6 +39,9 @@ class ExecutorActor(DataPlaneMember):
         self.residuals: dict[str, np.ndarray] = {}
         self.previous: dict[str, np.ndarray] | None = None
         self.executor: RankExecutor | None = None
+        # result buffers, reused step after step: Ray copies them on return, or the driver from shared memory
+        self.out = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in partitions.items()}
+        self.shared: SharedResults | None = None
 
     def _on_channel(self, channel: Any) -> None:
         self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s,
@@ -45,8 +49,9 @@ class ExecutorActor(DataPlaneMember):
 
     # -- a step ------------------------------------------------------------------------------------------------
     def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,
-                 keep_previous: bool = False) -> tuple[dict[str, np.ndarray], list[tuple], list[NonFiniteReport]]:
-        """Synchronize ``step``: this worker's flat bucket gradients in (None on a server), its results out.
+                 keep_previous: bool = False) -> tuple[dict[str, np.ndarray] | None, list[tuple], list[NonFiniteReport]]:
+        """Synchronize ``step``: this worker's flat bucket gradients in (None on a server), its results out
+        (None when they are in shared memory: :meth:`share_results`).
 
         ``flagged``: the (bucket, partition) pairs holding NaN/Inf as the driver's scan found them; None when
         the driver has not seen the gradients (they came as an ObjectRef): then this actor scans them."""
@@ -57,14 +62,30 @@ class ExecutorActor(DataPlaneMember):
             reports, flagged = scan_worker(self.layouts, self.actor.index, grads)
         flagged = set(flagged or ())
         executor = self.executor
-        executor.begin(step, self.residuals)
+        executor.begin(step, self.residuals, out=self.out)
         for bucket, flat in grads.items():
             executor.provide(bucket, flat, {f for f in flagged if f[0] == bucket})
         records = [("load", "", -1, start, time.time(), sum(g.nbytes for g in grads.values()), "", 0.0)]
         results, residuals, ops = executor.finish()
         self.previous = self.residuals if keep_previous else None
         self.residuals = residuals
-        return results, records + ops, reports
+        return (None if self.shared is not None else results), records + ops, reports
+
+    # -- results through shared memory -------------------------------------------------------------------------
+    def share_results(self, name: str) -> bool:
+        """Write results into shared memory named ``name`` from now on (the driver runs on this machine and
+        maps it); False, leaving results on Ray's return, where there is no room for it."""
+        sizes = {b: out.size for b, out in self.out.items()}
+        if not room_for(4 * sum(sizes.values())):
+            return False
+        self.shared = SharedResults(name, sizes)
+        self.out = self.shared.buffers
+        return True
+
+    def unlink_results(self) -> None:
+        """The driver has mapped the segment: remove its name."""
+        if self.shared is not None:
+            self.shared.unlink()
 
     def rollback(self) -> None:
         """Undo the last step's residual updates (the driver voided that step)."""

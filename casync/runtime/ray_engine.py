@@ -14,11 +14,14 @@ Data planes (``transport=``):
 """
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import ray
 from ray.exceptions import RayTaskError
 
 from ..engines.contract import EngineBase, fresh_results
@@ -34,6 +37,7 @@ from .data_plane import form_group
 from .executor_actor import RemoteExecutorActor
 from .ray_actor import RemoteSyncActor
 from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, dead_actors, positive_number
+from .shared_results import MappedResults
 
 TRANSPORTS = ("direct", "gloo", "nccl", "objectstore")
 DEFAULT_TRANSPORT = "direct"
@@ -109,6 +113,7 @@ class RayEngine(EngineBase):
         self._send_of = {n: next(iter(plan.graph.predecessors(n))) for n in plan.nodes(op="recv")}
         self.state = EngineState()
         self.group = ActorGroup(address, timeout_s, ping="pid", on_fail=self._discard)
+        self._mapped: dict[str, MappedResults] = {}  # worker -> its results in shared memory
         try:
             self._start_actors(placement, num_cpus_per_actor or DEFAULT_CPUS_PER_ACTOR)
         except BaseException:
@@ -128,6 +133,11 @@ class RayEngine(EngineBase):
             return len(self.actors)
         return len(self.program.tasks) + 2 * len(self.actors)
 
+    @property
+    def shared_results(self) -> list[str]:
+        """Workers whose results reach the driver through shared memory (on its machine) instead of Ray."""
+        return sorted(self._mapped)
+
     # -- lifecycle -------------------------------------------------------------
     def _start_actors(self, placement: str, cpus: float) -> None:
         names = self.plan.actors
@@ -145,9 +155,29 @@ class RayEngine(EngineBase):
             self.group.start(name, RemoteExecutorActor, index, cpus, name, shares[name], self.plan.codecs,
                              self.plan.seed, partitions, self._layouts, self.timeout_s, self.compute_threads)
         self.interfaces = form_group(self.actors, [(self.plan, 0)], self.transport, self.transport_options, self._get)
+        self._share_results()
+
+    def _share_results(self) -> None:
+        """Workers on the driver's machine hand their results over in shared memory (``shared_results``)."""
+        if ray.util.client.ray.is_connected():  # a Ray Client driver runs on another machine
+            return
+        here = ray.get_runtime_context().get_node_id()
+        nodes = self.actor_nodes()
+        local = [f"worker:{w}" for w in range(self.plan.workers) if nodes[f"worker:{w}"] == here]
+        prefix = f"casync{os.getpid()}r{uuid.uuid4().hex[:8]}"
+        names = {w: f"{prefix}-{w.replace(':', '')}" for w in local}
+        shared = self._get([self.actors[w].share_results.remote(names[w]) for w in local], "sharing results")
+        sizes = {b.name: b.numel for b in self.plan.buckets}
+        try:
+            self._mapped = {w: MappedResults(names[w], sizes) for w, ok in zip(local, shared) if ok}
+        finally:
+            self._get([self.actors[w].unlink_results.remote() for w in local], "sharing results")
 
     def close(self) -> None:
         """Kill the actors and release the placement group; stop Ray if this engine started it."""
+        for mapped in self._mapped.values():
+            mapped.close()
+        self._mapped = {}
         self.group.close()
 
     # -- running -----------------------------------------------------------------
@@ -186,7 +216,9 @@ class RayEngine(EngineBase):
         if voids_step(mode, found):  # an actor's own scan found NaN/Inf: undo the step everywhere
             self._get([self.actors[n].rollback.remote() for n in names], "rolling back a non-finite step")
             return self._void(found)
-        out = fresh_results(self.plan, [collected[names.index(w)][0] for w in workers])  # Ray's are read-only
+        results = [collected[names.index(w)][0] for w in workers]
+        results = [self._mapped[w].buffers if r is None else r for w, r in zip(workers, results)]
+        out = fresh_results(self.plan, results)  # copies: Ray's are read-only, shared ones are the next step's
         self.state = EngineState(step=step + 1, residuals={})
         return SyncOutput(out, nonfinite=reports + found)
 

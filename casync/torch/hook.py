@@ -46,12 +46,18 @@ def _host_flat(buffer: torch.Tensor) -> np.ndarray:
     return flat.reshape(-1).numpy()
 
 
+def _in_place(like: torch.Tensor) -> bool:
+    """Whether a result can be written straight into DDP's bucket buffer (float32 on the host, contiguous)."""
+    return like.dtype == torch.float32 and like.device.type == "cpu" and like.is_contiguous()
+
+
 def _back(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """A float32 host result as a tensor of the bucket's dtype and device."""
-    out = torch.from_numpy(array)
-    if like.dtype != torch.float32 or like.device.type != "cpu":
-        out = out.to(device=like.device, dtype=like.dtype)
-    return out
+    """A float32 host result as a tensor of the bucket's dtype and device, never sharing ``array``'s memory
+    (the runner reuses it next step): written into DDP's own buffer where that is float32 on the host, as
+    PyTorch's allreduce hook does, else cast into a new tensor."""
+    if _in_place(like):
+        return like.copy_(torch.from_numpy(array).view(like.shape))
+    return torch.from_numpy(array).to(device=like.device, dtype=like.dtype, copy=True).view(like.shape)
 
 
 @dataclass
@@ -273,11 +279,13 @@ class HookSession:
     def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:
         if entry.bucket is not None:
             return _back(outcome.results[entry.bucket], entry.like)
-        out = np.zeros(entry.like.numel(), np.float32)
+        like = entry.like
+        out = like.detach().view(-1).numpy() if _in_place(like) else np.empty(like.numel(), np.float32)
+        out.fill(0.0)  # what lies between DDP's gradient views
         for name, offset in zip(entry.names, entry.offsets):
             source, start, numel = self.where[name]
             out[offset:offset + numel] = outcome.results[source][start:start + numel]
-        return _back(out, entry.like)
+        return like if _in_place(like) else _back(out, like)
 
 
 def _offsets(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> list[int]:

@@ -78,7 +78,7 @@ class StepOutcome:
     """What a finished step produced on this rank."""
 
     step: int
-    results: dict[str, np.ndarray]  # bucket -> flat float32 result
+    results: dict[str, np.ndarray]  # bucket -> flat float32 result (the runner's buffers: valid until the next step)
     residuals: dict[str, np.ndarray]  # the residuals to commit (this rank's keys)
     skipped: bool = False
     nonfinite: list[NonFiniteReport] = field(default_factory=list)
@@ -128,6 +128,9 @@ class PlanRunner:
         self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s,
                                      compute_threads=compute_threads)
         self.layouts = {lay.name: lay for lay in layouts(plan)}
+        # the steps' result buffers, reused: every caller copies a step's results away before the next begins
+        # (the hook into DDP's buckets, the optimizer into .grad, TorchDistEngine down its pipe)
+        self.out = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in partitions.items()}
         self.residuals: dict[str, np.ndarray] = {}
         self.owned = {a["ef_key"] for _, a in plan.graph.nodes(data=True)
                       if a["op"] == "encode" and a["ef"] and a["actor"] == self.actor}
@@ -142,7 +145,7 @@ class PlanRunner:
         if self.step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self.step} is still open")
         try:
-            self.executor.begin(step, self.residuals)
+            self.executor.begin(step, self.residuals, out=self.out)
         except BaseException as exc:
             self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
             raise self.broken from exc

@@ -28,15 +28,16 @@ def executors(plan, hub, timeout_s=10.0, compute_threads=1):
                             compute_threads=compute_threads) for a in plan.actors}
 
 
-def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0):
-    """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others."""
-    out, errors = {}, {}
+def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None):
+    """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others;
+    ``out``: per actor, the result buffers to write into (copied away after the step, as callers do)."""
+    got, errors = {}, {}
     lay = layouts(plan)
 
     def go(actor):
         try:
             ex = execs[actor]
-            ex.begin(step, residuals[actor])
+            ex.begin(step, residuals[actor], out=None if out is None else out[actor])
             who = Actor.parse(actor)
             if who.is_worker:
                 _, flagged = scan_worker(lay, who.index, flats[who.index])
@@ -48,7 +49,10 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0):
                     else:
                         ex.provide(bucket, flats[who.index][bucket], {f for f in flagged if f[0] == bucket})
             results, res, _ = ex.finish()
-            out[actor], residuals[actor] = results, res
+            if out is not None:
+                assert all(results[b] is out[actor][b] for b in results)
+                results = {b: r.copy() for b, r in results.items()}
+            got[actor], residuals[actor] = results, res
         except BaseException as exc:
             errors[actor] = exc
 
@@ -57,7 +61,7 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0):
         t.start()
     for t in threads:
         t.join(60)
-    return out, errors
+    return got, errors
 
 
 @pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", servers=2),
@@ -77,6 +81,37 @@ def test_threads_over_a_hub_are_bit_identical_to_local_engine(kw, codec, compute
             for bucket in want[w]:
                 assert np.array_equal(got[f"worker:{w}"][bucket], want[w][bucket])
     assert {k: v for r in residuals.values() for k, v in r.items()}.keys() == reference.state.residuals.keys()
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])
+def test_result_buffers_reused_step_after_step_give_the_same_bits(strategy):
+    """A caller that copies results away (Ray's return, the hook, the optimizer) hands the executor the same
+    buffers every step: the results are LocalEngine's, written there, whatever the buffers held before."""
+    plan = casync.build_plan(SHAPES, workers=3, codec="onebit", partitions=2, bucket_bytes=600, strategy=strategy)
+    reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
+    execs, residuals = executors(plan, hub), {a: {} for a in plan.actors}
+    out = {a: {b.name: np.full(b.numel, np.nan, np.float32) for b in plan.buckets} for a in plan.actors}
+    for step in range(3):
+        flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
+        want = reference.run_flat(flats)
+        got, errors = run_step(plan, execs, residuals, step, flats, out=out)
+        assert not errors
+        for w in range(3):
+            for bucket in want[w]:
+                assert np.array_equal(got[f"worker:{w}"][bucket], want[w][bucket])
+
+
+def test_result_buffers_of_the_wrong_shape_are_refused_naming_the_bucket():
+    plan = casync.build_plan(SHAPES, workers=2, codec="onebit", bucket_bytes=600)
+    ex = executors(plan, LocalHub(timeout_s=5))["worker:0"]
+    good = {b.name: np.empty(b.numel, np.float32) for b in plan.buckets}
+    name = plan.buckets[0].name
+    for bad, why in [({**good, name: np.empty(3, np.float32)}, "shape"), ({**good, name: good[name].astype(np.float64)}, "float32"),
+                     ({k: v for k, v in good.items() if k != name}, "one buffer per bucket")]:
+        with pytest.raises(ValueError, match="worker:0") as info:
+            ex.begin(0, {}, out=bad)
+        assert name in str(info.value) and why in str(info.value)
+    ex.begin(0, {}, out=good)  # a refused begin left nothing open
 
 
 def test_nan_and_inf_ride_the_side_channel_exactly():

@@ -59,6 +59,36 @@ def test_compute_threads_keep_results_bitwise(ray_local):
             np.testing.assert_array_equal(engine.state_dict()["residuals"][key], value)
 
 
+def test_results_come_through_shared_memory_and_stay_the_callers(ray_local):
+    """Workers on the driver's machine hand results over in shared memory they reuse every sync: each sync
+    still returns fresh writable arrays (the next sync never changes them), LocalEngine's bits, and no
+    segment is left named in /dev/shm, running or closed."""
+    import os
+
+    def ours():
+        return {n for n in os.listdir("/dev/shm") if n.startswith("casync")}
+
+    before = ours()
+    plan = casync.build_plan(SHAPES, workers=3, strategy="ring", codec="onebit", bucket_bytes=2048)
+    local = casync.LocalEngine(plan)
+    with RayEngine(plan, timeout_s=60) as engine:
+        assert engine.shared_results == ["worker:0", "worker:1", "worker:2"]
+        assert ours() == before
+        kept = []
+        for step in range(3):
+            grads = make_grads(SHAPES, 3, seed=step)
+            expected, got = local.sync(grads), engine.sync(grads)
+            kept.append((got, [{n: np.array(t) for n, t in g.items()} for g in got]))
+            for w in range(3):
+                for name in SHAPES:
+                    np.testing.assert_array_equal(got[w][name], expected[w][name], err_msg=f"{name} worker {w}")
+        for got, copy in kept:
+            for w in range(3):
+                for name in SHAPES:
+                    np.testing.assert_array_equal(np.asarray(got[w][name]), copy[w][name])
+    assert ours() == before
+
+
 def test_compute_threads_are_checked(ray_local):
     plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit")
     for bad in (0, 2.0, True):

@@ -45,7 +45,9 @@ def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5)
     """Per config: every step's gradients after DDP + the hook (fed gradients from ``step_grads``), the plan."""
     out = []
     for config in configs:
-        model = DDP(GradientModel(SHAPES), bucket_cap_mb=0.008)  # several buckets: 'big' alone, the rest fused
+        config = dict(config)
+        view = config.pop("gradient_as_bucket_view", False)  # DDP's .grad then lives in its bucket buffers
+        model = DDP(GradientModel(SHAPES), bucket_cap_mb=0.008, gradient_as_bucket_view=view)  # 'big' alone, the rest fused
         state = ct.CasyncState(check_every=2, **config)
         model.register_comm_hook(state, ct.comm_hook)
         seen = []
