@@ -6,6 +6,7 @@ the node's output goes out.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping, MutableMapping, MutableSet, NamedTuple, Sequence
 
 import numpy as np
@@ -22,8 +23,21 @@ def encode_seed(plan_seed: int, step: int, seed_key: int) -> int:
     return int(words[0]) | (int(words[1]) << 32)
 
 
+def _takes_out(codec: Codec) -> bool:
+    """Whether ``codec.encode_feedback`` accepts ``out=`` (a codec registered before it existed may not)."""
+    kind = type(codec)
+    known = _TAKES_OUT.get(kind)
+    if known is None:
+        known = _TAKES_OUT[kind] = "out" in inspect.signature(codec.encode_feedback).parameters
+    return known
+
+
+_TAKES_OUT: dict[type, bool] = {}
+
+
 def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping[str, np.ndarray] | None,
-               ef_key: str | None, check: bool = False) -> Payload:
+               ef_key: str | None, check: bool = False,
+               spares: MutableMapping[str, np.ndarray] | None = None) -> Payload:
     """Encode ``x``; with error feedback, add the stored residual first and keep the new one.
 
     Error feedback encodes with the codec's contractive version (``Codec.encode_contractive``) when plain
@@ -32,11 +46,20 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
 
     ``check``: ``x`` may hold NaN/Inf (see :mod:`casync.nonfinite`): those entries are encoded as zero and
     ride along in the payload exactly; the residual is zero there.
+
+    ``spares``: residual arrays the caller no longer needs, by key (the residuals of two steps back): the new
+    residual is written into its key's spare where it fits, so a step allocates no residual memory.
     """
     ef = ef_key is not None and residuals is not None
     residual = residuals.get(ef_key) if ef else None
     if residual is not None and not check and codec.ef_sound:  # the common case, fused where the codec can
-        payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed)
+        spare = spares.pop(ef_key, None) if spares else None
+        if (spare is not None and spare.shape == x.shape and spare.dtype == np.float32 and spare.flags.writeable
+                and spare.flags.c_contiguous and _takes_out(codec) and not np.may_share_memory(spare, x)
+                and not np.may_share_memory(spare, residual)):
+            payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed, out=spare)
+        else:
+            payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed)
         return payload
     corrected = x + residual if residual is not None else x
     side = split_nonfinite(corrected) if check else None
@@ -110,7 +133,8 @@ def _merge_blocks(inputs: Sequence[np.ndarray | Deferred], divisor: int, out: np
 def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray | None, *,
              codecs: Mapping[str, Codec], residuals: MutableMapping[str, np.ndarray] | None,
              plan_seed: int, step: int, flagged: MutableSet[tuple[str, int]] | None = None,
-             out: np.ndarray | None = None, defer: bool = False) -> Any:
+             out: np.ndarray | None = None, defer: bool = False,
+             spares: MutableMapping[str, np.ndarray] | None = None) -> Any:
     """Execute one primitive.
 
     ``inputs`` are the outputs of the node's predecessors ordered by edge ``slot``; ``local`` is the
@@ -121,7 +145,8 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
     or merge may write its output (the node's slice of the result buffer); the output returned is then
     ``out`` itself, or a fresh array where the node could not write there.  ``defer``: the caller knows a
     decode's only reader is a merge; where the codec decodes in blocks, the decode becomes a
-    :class:`Deferred` that the merge expands block by block.
+    :class:`Deferred` that the merge expands block by block.  ``spares``: recycled residual buffers for the
+    encodes (see :func:`run_encode`).
     """
     op = attrs["op"]
     if op == "encode":
@@ -129,7 +154,7 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
         seed = encode_seed(plan_seed, step, attrs["seed_key"])
         check = flagged is not None and (attrs["bucket"], attrs["part"]) in flagged
         return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None,
-                          check)
+                          check, spares)
     if op == "decode":  # no consumer mutates a decoded value
         payload = inputs[0]
         if carries_nonfinite(payload):

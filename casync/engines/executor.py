@@ -100,12 +100,14 @@ class RankExecutor:
 
     # -- a step ------------------------------------------------------------------------------------------
     def begin(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None = None,
-              out: Mapping[str, np.ndarray] | None = None) -> None:
+              out: Mapping[str, np.ndarray] | None = None, spares: Mapping[str, np.ndarray] | None = None) -> None:
         """Open ``step``: post every receive of the step and start the receiver threads.  ``codecs``: this
         step's codec objects by key, when they differ from the plan's (a sparsity warm-up); every actor must
         pass the same.  ``out``: where to write the step's results, one float32 buffer per bucket of this
         actor (a caller that copies its results away each step reuses them: fresh pages cost more to fault
-        in than the decodes that fill them); fresh arrays when None."""
+        in than the decodes that fill them); fresh arrays when None.  ``spares``: residual arrays, by key, the
+        caller will never read again (those ``residuals`` replaced a step ago): new residuals are written
+        there instead of into fresh memory; the ``residuals`` passed here are never written."""
         if self._step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self._step} is still open")
         results = self._result_buffers(out)
@@ -125,6 +127,8 @@ class RankExecutor:
         self._grads: dict[str, np.ndarray] = {}
         self._flagged: set[tuple[str, int]] = set()
         self._residuals = dict(residuals)
+        reading = {id(r) for r in self._residuals.values()}
+        self._spares = {k: v for k, v in (spares or {}).items() if id(v) not in reading}  # never one read now
         self._ready: list[tuple[tuple, int]] = []
         self._done = 0
         self._error: BaseException | None = None
@@ -263,7 +267,7 @@ class RankExecutor:
             out = self._results[a["bucket"]][start:stop]
         result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
                           residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged,
-                          out=out, defer=index in self._deferred)
+                          out=out, defer=index in self._deferred, spares=self._spares)
         if out is not None and result is not out:
             out[...] = result
         return result

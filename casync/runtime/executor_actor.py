@@ -42,6 +42,7 @@ class ExecutorActor(DataPlaneMember):
         # result buffers, reused step after step: Ray copies them on return, or the driver from shared memory
         self.out = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in partitions.items()}
         self.shared: SharedResults | None = None
+        self.spares: dict[str, np.ndarray] = {}  # residuals no longer held: a step writes its new ones there
 
     def _on_channel(self, channel: Any) -> None:
         self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s,
@@ -62,11 +63,14 @@ class ExecutorActor(DataPlaneMember):
             reports, flagged = scan_worker(self.layouts, self.actor.index, grads)
         flagged = set(flagged or ())
         executor = self.executor
-        executor.begin(step, self.residuals, out=self.out)
+        executor.begin(step, self.residuals, out=self.out, spares=self.spares)
         for bucket, flat in grads.items():
             executor.provide(bucket, flat, {f for f in flagged if f[0] == bucket})
         records = [("load", "", -1, start, time.time(), sum(g.nbytes for g in grads.values()), "", 0.0)]
         results, residuals, ops = executor.finish()
+        # what this step replaced is the next step's spares, unless kept for a rollback (then the state
+        # before that is: nothing else holds it, get_residuals' copies went through Ray)
+        self.spares = (self.previous or {}) if keep_previous else self.residuals
         self.previous = self.residuals if keep_previous else None
         self.residuals = residuals
         return (None if self.shared is not None else results), records + ops, reports
@@ -102,6 +106,7 @@ class ExecutorActor(DataPlaneMember):
     def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
         self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
         self.previous = None
+        self.spares = {}
 
 
 RemoteExecutorActor = ray.remote(ExecutorActor)

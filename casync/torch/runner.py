@@ -132,6 +132,7 @@ class PlanRunner:
         # (the hook into DDP's buckets, the optimizer into .grad, TorchDistEngine down its pipe)
         self.out = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in partitions.items()}
         self.residuals: dict[str, np.ndarray] = {}
+        self.spares: dict[str, np.ndarray] = {}  # the residuals a commit replaced: the next step writes there
         self.owned = {a["ef_key"] for _, a in plan.graph.nodes(data=True)
                       if a["op"] == "encode" and a["ef"] and a["actor"] == self.actor}
         self.step: int | None = None  # the open step
@@ -145,7 +146,7 @@ class PlanRunner:
         if self.step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self.step} is still open")
         try:
-            self.executor.begin(step, self.residuals, out=self.out)
+            self.executor.begin(step, self.residuals, out=self.out, spares=self.spares)
         except BaseException as exc:
             self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
             raise self.broken from exc
@@ -191,8 +192,10 @@ class PlanRunner:
         return outcome
 
     def commit(self, outcome: StepOutcome) -> None:
-        """Keep the residuals of a step that was applied."""
-        self.residuals = outcome.residuals
+        """Keep the residuals of a step that was applied (the ones they replace become the next step's spares:
+        nothing else holds them, ``state_dict`` copies)."""
+        if outcome.residuals is not self.residuals:
+            self.spares, self.residuals = self.residuals, outcome.residuals
 
     # -- state -------------------------------------------------------------------------------------------------
     def set_residuals(self, residuals: Mapping[str, np.ndarray]) -> None:
@@ -201,6 +204,7 @@ class PlanRunner:
         if unknown:
             raise ValueError(f"{self.actor}: residuals {unknown[:4]} belong to no encode of this rank")
         self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
+        self.spares = {}
 
     def _check_usable(self) -> None:
         if self.broken is not None:

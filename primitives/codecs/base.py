@@ -112,11 +112,13 @@ class Codec(ABC):
         np.subtract(x, self.decode(payload, x.size), out=x)
         return payload
 
-    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0) -> tuple[Payload, np.ndarray]:
-        """One error-feedback encode: the payload of ``x + residual`` and, as a fresh array, what it does not
-        carry (the next residual).  The default adds, then :meth:`encode_keep_error`; a codec may fuse the add
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
+                        out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
+        """One error-feedback encode: the payload of ``x + residual`` and what it does not carry (the next
+        residual), in ``out`` (float32, ``x``'s shape, sharing memory with neither: a caller's recycled
+        buffer) or a fresh array.  The default adds, then :meth:`encode_keep_error`; a codec may fuse the add
         into its own sweep, with the same floats."""
-        corrected = x + residual
+        corrected = x + residual if out is None else np.add(x, residual, out=out)
         return self.encode_keep_error(corrected, seed), corrected
 
     def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:

@@ -60,13 +60,14 @@ class FP16Codec(Codec):
         as_input(x)  # validates; the remainder is written into x itself, strided or not
         return self._sweep(x, None, x)
 
-    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0) -> tuple[Payload, np.ndarray]:
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
+                        out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """The default's floats in one sweep: each block of ``x + residual`` is cast, cast back and subtracted
         while it is in cache."""
         x = as_input(x)
         if residual.shape != x.shape or residual.dtype != np.float32:
-            return super().encode_feedback(x, residual, seed)
-        corrected = np.empty_like(x)
+            return super().encode_feedback(x, residual, seed, out)
+        corrected = np.empty_like(x) if out is None else out
         return self._sweep(x, residual, corrected), corrected
 
     def _sweep(self, x: np.ndarray, addend: np.ndarray | None, out: np.ndarray) -> Payload:

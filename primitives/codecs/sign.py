@@ -53,11 +53,12 @@ class OneBitCodec(Codec):
         _subtract_decoded(x, payload)
         return payload
 
-    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0) -> tuple[Payload, np.ndarray]:
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
+                        out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         x = as_input(x)
         if residual.shape != x.shape or residual.dtype != np.float32:
-            return super().encode_feedback(x, residual, seed)
-        corrected = np.empty_like(x)
+            return super().encode_feedback(x, residual, seed, out)
+        corrected = np.empty_like(x) if out is None else out
         payload = self._sweep(x, residual, corrected)
         _subtract_decoded(corrected, payload)
         return payload, corrected

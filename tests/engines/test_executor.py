@@ -28,7 +28,7 @@ def executors(plan, hub, timeout_s=10.0, compute_threads=1):
                             compute_threads=compute_threads) for a in plan.actors}
 
 
-def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None):
+def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None):
     """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others;
     ``out``: per actor, the result buffers to write into (copied away after the step, as callers do)."""
     got, errors = {}, {}
@@ -37,7 +37,8 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None):
     def go(actor):
         try:
             ex = execs[actor]
-            ex.begin(step, residuals[actor], out=None if out is None else out[actor])
+            ex.begin(step, residuals[actor], out=None if out is None else out[actor],
+                     spares=None if spares is None else spares[actor])
             who = Actor.parse(actor)
             if who.is_worker:
                 _, flagged = scan_worker(lay, who.index, flats[who.index])
@@ -52,6 +53,8 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None):
             if out is not None:
                 assert all(results[b] is out[actor][b] for b in results)
                 results = {b: r.copy() for b, r in results.items()}
+            if spares is not None:  # as the hosts do: what this step replaced is the next step's spares
+                spares[actor] = residuals[actor]
             got[actor], residuals[actor] = results, res
         except BaseException as exc:
             errors[actor] = exc
@@ -86,19 +89,31 @@ def test_threads_over_a_hub_are_bit_identical_to_local_engine(kw, codec, compute
 @pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])
 def test_result_buffers_reused_step_after_step_give_the_same_bits(strategy):
     """A caller that copies results away (Ray's return, the hook, the optimizer) hands the executor the same
-    buffers every step: the results are LocalEngine's, written there, whatever the buffers held before."""
+    buffers every step, and the residuals a step replaced as the next step's spares: results and residuals
+    are LocalEngine's, and the residuals a step reads are never written."""
     plan = casync.build_plan(SHAPES, workers=3, codec="onebit", partitions=2, bucket_bytes=600, strategy=strategy)
     reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
     execs, residuals = executors(plan, hub), {a: {} for a in plan.actors}
     out = {a: {b.name: np.full(b.numel, np.nan, np.float32) for b in plan.buckets} for a in plan.actors}
-    for step in range(3):
+    spares, arrays = {a: {} for a in plan.actors}, []
+    for step in range(4):
         flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
         want = reference.run_flat(flats)
-        got, errors = run_step(plan, execs, residuals, step, flats, out=out)
+        read = {a: {k: v.copy() for k, v in r.items()} for a, r in residuals.items()}
+        before = dict(residuals)
+        got, errors = run_step(plan, execs, residuals, step, flats, out=out, spares=spares)
         assert not errors
         for w in range(3):
             for bucket in want[w]:
                 assert np.array_equal(got[f"worker:{w}"][bucket], want[w][bucket])
+        for a in plan.actors:
+            assert all(np.array_equal(before[a][k], v) for k, v in read[a].items()), f"{a}: a read residual changed"
+        mine = {k: v for r in residuals.values() for k, v in r.items()}
+        assert mine.keys() == reference.state.residuals.keys()
+        assert all(np.array_equal(v, reference.state.residuals[k]) for k, v in mine.items())
+        arrays.append({k: id(v) for k, v in mine.items()})
+    assert arrays[3] == arrays[1] and arrays[2] == arrays[0]  # no fresh residual memory after two steps
+    assert not set(arrays[3].values()) & set(arrays[2].values())
 
 
 def test_result_buffers_of_the_wrong_shape_are_refused_naming_the_bucket():

@@ -75,3 +75,35 @@ def test_a_subclass_that_overrides_encode_or_decode_gets_the_plain_paths_that_ca
     out = np.empty(1000, np.float32)
     assert codec.decode_into(payload, 1000, out) is out and calls[-1] == "decode"
     assert not codec.decodes_in_blocks and OneBitCodec.decodes_in_blocks
+
+
+EF_CODECS = [name for name in available_codecs() if get_codec(name).ef_sound]
+
+
+@pytest.mark.parametrize("name", EF_CODECS)
+@pytest.mark.parametrize("n", [1003, 600_001])
+def test_an_error_feedback_encode_writes_its_residual_into_the_spare_with_the_same_bits(name, n):
+    """A recycled residual buffer changes where the new residual lives, never its floats or the payload."""
+    from primitives.ops import run_encode
+
+    codec, x, old = get_codec(name), gaussian(n, 1), gaussian(n, 2) * 0.1
+    plain = {"k": old.copy()}
+    want = run_encode(codec, x, 7, plain, "k")
+    spare = np.full(n, np.nan, np.float32)
+    recycled, spares = {"k": old.copy()}, {"k": spare}
+    got = run_encode(codec, x, 7, recycled, "k", spares=spares)
+    assert recycled["k"] is spare and not spares  # taken, and used
+    np.testing.assert_array_equal(recycled["k"], plain["k"])
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_a_spare_that_does_not_fit_or_overlaps_is_left_alone():
+    from primitives.ops import run_encode
+
+    codec, x = get_codec("onebit"), gaussian(1000, 1)
+    for spare in (np.zeros(999, np.float32), np.zeros(1000, np.float64), x):
+        residuals = {"k": np.zeros(1000, np.float32)}
+        before = spare.copy()
+        run_encode(codec, x, 0, residuals, "k", spares={"k": spare})
+        assert residuals["k"] is not spare
+        np.testing.assert_array_equal(spare, before)
