@@ -5,12 +5,8 @@ import os
 from multiprocessing import resource_tracker
 
 import numpy as np
-import pytest
 
 from casync.runtime.shared_results import SHM_DIR, MappedResults, SharedResults, room_for
-
-pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no POSIX shared memory filesystem")
-
 
 def test_the_driver_sees_what_the_actor_writes_and_no_name_is_left():
     sizes = {"bucket0": 1000, "bucket1": 7, "empty": 0}
