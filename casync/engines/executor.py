@@ -163,11 +163,18 @@ class RankExecutor:
         for thread in self._threads:
             thread.start()
 
+    def new_result_buffers(self) -> dict[str, np.ndarray]:
+        """Fresh result buffers, one per bucket: what a caller that reuses them passes as ``begin(out=)``."""
+        return {b: np.empty(n, np.float32) for b, n in self._result_sizes().items()}
+
+    def _result_sizes(self) -> dict[str, int]:
+        return {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}
+
     def _result_buffers(self, out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """One result buffer per bucket: ``out``'s, checked, or fresh ones."""
-        sizes = {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}
         if out is None:
-            return {b: np.empty(n, np.float32) for b, n in sizes.items()}
+            return self.new_result_buffers()
+        sizes = self._result_sizes()
         if set(out) != set(sizes):
             raise ValueError(f"{self.actor}: out= must have one buffer per bucket {sorted(sizes)}, got {sorted(out)}")
         for b, n in sizes.items():

@@ -40,13 +40,14 @@ class ExecutorActor(DataPlaneMember):
         self.previous: dict[str, np.ndarray] | None = None
         self.executor: RankExecutor | None = None
         # result buffers, reused step after step: Ray copies them on return, or the driver from shared memory
-        self.out = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in partitions.items()}
+        self.out: dict[str, np.ndarray] = {}
         self.shared: SharedResults | None = None
         self.spares: dict[str, np.ndarray] = {}  # residuals no longer held: a step writes its new ones there
 
     def _on_channel(self, channel: Any) -> None:
         self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s,
                                      compute_threads=self.compute_threads)
+        self.out = self.executor.new_result_buffers()
 
     # -- a step ------------------------------------------------------------------------------------------------
     def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,

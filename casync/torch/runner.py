@@ -130,7 +130,7 @@ class PlanRunner:
         self.layouts = {lay.name: lay for lay in layouts(plan)}
         # the steps' result buffers, reused: every caller copies a step's results away before the next begins
         # (the hook into DDP's buckets, the optimizer into .grad, TorchDistEngine down its pipe)
-        self.out = {b: np.empty(p[-1][1] if p else 0, np.float32) for b, p in partitions.items()}
+        self.out = self.executor.new_result_buffers()
         self.residuals: dict[str, np.ndarray] = {}
         self.spares: dict[str, np.ndarray] = {}  # the residuals a commit replaced: the next step writes there
         self.owned = {a["ef_key"] for _, a in plan.graph.nodes(data=True)
