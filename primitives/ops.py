@@ -7,14 +7,16 @@ the node's output goes out.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping, MutableMapping, MutableSet, NamedTuple, Sequence
+from typing import Any, Mapping, MutableMapping, MutableSet, Sequence
 
 import numpy as np
 
 from primitives.codecs import Codec, Payload
-from primitives.codecs.base import BLOCK, scratch
 
 from .finite import attach, carries_nonfinite, restore, split_nonfinite
+from .merge import Deferred, Sparse, run_merge
+
+__all__ = ["Deferred", "Sparse", "encode_seed", "run_encode", "run_merge", "run_node"]
 
 
 def encode_seed(plan_seed: int, step: int, seed_key: int) -> int:
@@ -78,58 +80,6 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
     return payload if side is None else attach(payload, side[1], side[2])
 
 
-class Deferred(NamedTuple):
-    """A decode whose only reader is a merge (``run_node(..., defer=True)``): the merge decodes it block by
-    block as it adds, so no tensor-sized decoded array is written and read back."""
-
-    codec: Codec
-    payload: Payload
-    n: int
-
-
-def run_merge(inputs: Sequence[np.ndarray | Deferred], divisor: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide;
-    into ``out`` or a fresh array."""
-    if any(isinstance(x, Deferred) for x in inputs):
-        return _merge_blocks(inputs, divisor, out)
-    with np.errstate(invalid="ignore"):  # Inf + -Inf = NaN is what nonfinite="propagate" asks for
-        if len(inputs) == 1:
-            acc = np.array(inputs[0], dtype=np.float32, copy=True) if out is None else out
-            if out is not None:
-                np.copyto(out, inputs[0])
-        else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, same float32 sums
-            acc = np.add(inputs[0], inputs[1], dtype=np.float32, out=out)
-            for x in inputs[2:]:
-                np.add(acc, x, out=acc)
-        if divisor != 1:
-            np.divide(acc, np.float32(divisor), out=acc)
-    return acc
-
-
-def _merge_blocks(inputs: Sequence[np.ndarray | Deferred], divisor: int, out: np.ndarray | None) -> np.ndarray:
-    """:func:`run_merge` block by block, decoding :class:`Deferred` inputs one cache-sized block at a time:
-    the same additions in the same order, so the same floats."""
-    n = next(x.n if isinstance(x, Deferred) else x.size for x in inputs)
-    acc = np.empty(n, np.float32) if out is None else out
-    bufs = [scratch(f"merge{i}", np.float32, min(n, BLOCK)) if isinstance(x, Deferred) else None
-            for i, x in enumerate(inputs)]
-    with np.errstate(invalid="ignore"):
-        for start in range(0, n, BLOCK):
-            stop = min(n, start + BLOCK)
-            blocks = [x.codec.decode_block(x.payload, x.n, start, stop, bufs[i][: stop - start])
-                      if isinstance(x, Deferred) else x[start:stop] for i, x in enumerate(inputs)]
-            a = acc[start:stop]
-            if len(blocks) == 1:
-                np.copyto(a, blocks[0])
-            else:
-                np.add(blocks[0], blocks[1], out=a, dtype=np.float32)
-                for b in blocks[2:]:
-                    np.add(a, b, out=a)
-            if divisor != 1:
-                np.divide(a, np.float32(divisor), out=a)
-    return acc
-
-
 def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray | None, *,
              codecs: Mapping[str, Codec], residuals: MutableMapping[str, np.ndarray] | None,
              plan_seed: int, step: int, flagged: MutableSet[tuple[str, int]] | None = None,
@@ -145,7 +95,8 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
     or merge may write its output (the node's slice of the result buffer); the output returned is then
     ``out`` itself, or a fresh array where the node could not write there.  ``defer``: the caller knows a
     decode's only reader is a merge; where the codec decodes in blocks, the decode becomes a
-    :class:`Deferred` that the merge expands block by block.  ``spares``: recycled residual buffers for the
+    :class:`Deferred` that the merge expands block by block, and where it decodes to a few entries, a
+    :class:`Sparse` that the merge adds at their indices.  ``spares``: recycled residual buffers for the
     encodes (see :func:`run_encode`).
     """
     op = attrs["op"]
@@ -164,6 +115,10 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
         codec = codecs[attrs["codec"]]
         if defer and codec.decodes_in_blocks:
             return Deferred(codec, payload, attrs["numel"])
+        if defer and codec.decodes_sparse:
+            entries = codec.sparse_entries(payload, attrs["numel"])
+            if entries is not None:
+                return Sparse(*entries, attrs["numel"])
         if out is not None:
             return codec.decode_into(payload, attrs["numel"], out)
         return codec.decode_shared(payload, attrs["numel"])

@@ -16,6 +16,13 @@ STRATEGY_IDS = ["ring", "allgather", "ps-coloc", "ps-2servers", "ps-oneway"]
 ODD_SHAPES = {"scalar": (), "one": (1,), "prime": (7919,), "matrix": (13, 17), "cube": (3, 5, 2), "small": (2,)}
 
 
+def same_bits(a, b) -> bool:
+    """Equal as stored: dtype, shape and every byte (unlike ``np.array_equal``, -0.0 is not +0.0 and a NaN
+    equals the same NaN)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
 def make_grads(shapes: dict, workers: int, seed: int = 0, dtype=np.float32) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}

@@ -62,6 +62,8 @@ class Codec(ABC):
     ef_sound: ClassVar[bool] = False
     #: :meth:`decode_block` decodes any aligned block of a payload on its own
     decodes_in_blocks: ClassVar[bool] = False
+    #: :meth:`sparse_entries` gives the (index, value) pairs a payload decodes to, zeros elsewhere
+    decodes_sparse: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -83,6 +85,8 @@ class Codec(ABC):
                 cls.decode_into = Codec.decode_into
             if "decodes_in_blocks" not in own:
                 cls.decodes_in_blocks = False
+            if "decodes_sparse" not in own:
+                cls.decodes_sparse = False
 
     def decode_shared(self, payload: Payload, n: int) -> np.ndarray:
         """Like :meth:`decode`, but the result may share memory with the payload (engines that never
@@ -101,6 +105,13 @@ class Codec(ABC):
         and returned, for codecs with ``decodes_in_blocks``; ``start`` is a multiple of :data:`BLOCK`.  A
         merge adds such blocks while they are in cache instead of reading a decoded tensor back."""
         raise NotImplementedError(f"codec {self.name!r} does not decode in blocks")
+
+    def sparse_entries(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(indices, values)`` such that ``decode(payload, n)`` is ``values`` at ``indices`` (strictly
+        ascending) and +0.0 everywhere else, for codecs with ``decodes_sparse``; None where this payload's
+        indices are not strictly ascending (the caller then decodes it whole).  A merge adds such entries at
+        their indices instead of adding a decoded tensor of zeros (``primitives.merge``)."""
+        raise NotImplementedError(f"codec {self.name!r} does not decode to sparse entries")
 
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         """Encode ``x`` and leave in ``x`` (in place) what the payload does not carry: ``x - decode(payload)``.

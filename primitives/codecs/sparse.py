@@ -192,6 +192,7 @@ class TopKCodec(_SparseCodec):
 
     name = "topk"
     ef_sound = True
+    decodes_sparse = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -212,12 +213,21 @@ class TopKCodec(_SparseCodec):
         return self._decode(payload, n, out)
 
     def _decode(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
-        k = self.k(n)
-        idx = field(payload, "indices", index_dtype(n), (k,), self.name)
-        values = field(payload, "values", np.float32, (k,), self.name)
+        idx, values = self._fields(payload, n)
         out = zeroed(out, n)
         out[idx] = values
         return out
+
+    def sparse_entries(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+        idx, values = self._fields(payload, n)
+        if idx.size and (idx[0] < 0 or idx[-1] >= n or (idx.size > 1 and not (idx[1:] > idx[:-1]).all())):
+            return None  # out of order or out of range: decoding it whole says what is wrong, or what it means
+        return idx, values
+
+    def _fields(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray]:
+        k = self.k(n)
+        return (field(payload, "indices", index_dtype(n), (k,), self.name),
+                field(payload, "values", np.float32, (k,), self.name))
 
     def compressed_nbytes(self, n: int) -> int:
         return self.k(n) * (index_dtype(n).itemsize + 4)
@@ -267,6 +277,7 @@ class RandomKCodec(_SparseCodec):
 
     name = "randomk"
     ef_sound = True
+    decodes_sparse = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -290,12 +301,16 @@ class RandomKCodec(_SparseCodec):
         return self._decode(payload, n, out)
 
     def _decode(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
+        idx, values = self.sparse_entries(payload, n)
+        out = zeroed(out, n)
+        out[idx] = values
+        return out
+
+    def sparse_entries(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray]:
         k = self.k(n)
         seed = int(field(payload, "seed", np.uint64, (1,), self.name)[0])
         values = field(payload, "values", np.float32, (k,), self.name)
-        out = zeroed(out, n)
-        out[random_indices(n, k, seed)] = values
-        return out
+        return random_indices(n, k, seed), values
 
     def compressed_nbytes(self, n: int) -> int:
         return 8 + 4 * self.k(n)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 import casync
+from tests.helpers import same_bits
 
 SHAPES = {"w": (37, 11), "b": (11,), "tail": (3,), "big": (5000,)}
 
@@ -66,9 +67,9 @@ def check_conformance(plan: casync.SyncPlan, make_engine: Callable[[casync.SyncP
             got = engine.sync(grads)
             for w in range(plan.workers):
                 for name in want[w]:
-                    assert np.array_equal(got[w][name], want[w][name]), \
+                    assert same_bits(got[w][name], want[w][name]), \
                         f"step {step}, worker {w}, {name}: differs from LocalEngine"
-                    assert np.array_equal(got[w][name], got[0][name]), f"step {step}: worker {w} != worker 0 ({name})"
+                    assert same_bits(got[w][name], got[0][name]), f"step {step}: worker {w} != worker 0 ({name})"
             if all(b.codec.lossless for b in plan.buckets):
                 scale = plan.workers if plan.options.get("op", "mean") == "mean" else 1
                 for name in want[0]:
@@ -78,4 +79,4 @@ def check_conformance(plan: casync.SyncPlan, make_engine: Callable[[casync.SyncP
         assert state["step"] == ref_state["step"] == steps
         assert state["residuals"].keys() == ref_state["residuals"].keys()
         for key, value in ref_state["residuals"].items():
-            assert np.array_equal(state["residuals"][key], value), f"residual {key} differs from LocalEngine"
+            assert same_bits(state["residuals"][key], value), f"residual {key} differs from LocalEngine"

@@ -16,7 +16,7 @@ from casync.schedule import actor_shares
 from casync.transport.base import LocalHub
 from primitives.codecs.sign import OneBitCodec
 from primitives.ir import Actor
-from tests.helpers import make_grads
+from tests.helpers import make_grads, same_bits
 
 SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}
 
@@ -69,21 +69,50 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, 
 
 @pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", servers=2),
                                 dict(strategy="allgather")], ids=["ring", "ps", "ps-servers", "allgather"])
-@pytest.mark.parametrize("codec", ["none", "onebit", "topk:ratio=0.2", "fp16"])
+@pytest.mark.parametrize("codec", ["none", "onebit", "topk:ratio=0.2", "randomk:ratio=0.2", "fp16"])
 @pytest.mark.parametrize("compute_threads", [1, 3])
 def test_threads_over_a_hub_are_bit_identical_to_local_engine(kw, codec, compute_threads):
-    plan = casync.build_plan(SHAPES, workers=3, codec=codec, partitions=2, bucket_bytes=600, **kw)
+    check_hub_against_local_engine(casync.build_plan(SHAPES, workers=3, codec=codec, partitions=2, bucket_bytes=600,
+                                                     **kw), compute_threads)
+
+
+def signed_zeros(grads, seed):
+    """Gradients with a third of each tensor -0.0 and a third +0.0, as ReLU-masked gradients hold."""
+    rng = np.random.default_rng(seed)
+    for g in grads:
+        for name, x in g.items():
+            pick = rng.integers(0, 3, x.shape)
+            x[pick == 0], x[pick == 1] = np.float32(-0.0), np.float32(0.0)
+    return grads
+
+
+@pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", two_way=False),
+                                dict(strategy="allgather")], ids=["ring", "ps", "ps-oneway", "allgather"])
+@pytest.mark.parametrize("codec", ["topk:ratio=0.3", "randomk:ratio=0.3"])
+def test_sparse_merges_keep_the_signed_zeros_of_local_engine(kw, codec):
+    """The executor adds sparsifiers' entries at their indices (primitives.merge.Sparse); on gradients full
+    of -0.0 and +0.0 its results and residuals are still LocalEngine's bit for bit."""
+    plan = casync.build_plan(SHAPES, workers=4, codec=codec, partitions=2, bucket_bytes=600, **kw)
+    check_hub_against_local_engine(plan, 1, make=lambda step: signed_zeros(make_grads(SHAPES, 4, seed=step), step))
+
+
+def check_hub_against_local_engine(plan, compute_threads, steps=3, make=None):
+    """``steps`` syncs over a hub against LocalEngine: results and residuals bit for bit."""
+    workers = plan.workers
+    make = make or (lambda step: make_grads(SHAPES, workers, seed=step))
     reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
     execs, residuals = executors(plan, hub, compute_threads=compute_threads), {a: {} for a in plan.actors}
-    for step in range(3):
-        flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
+    for step in range(steps):
+        flats, _ = flatten_worker_grads(plan, make(step))
         want = reference.run_flat(flats)
         got, errors = run_step(plan, execs, residuals, step, flats, late=[plan.buckets[0].name], delay=0.05)
         assert not errors
-        for w in range(3):
+        for w in range(workers):
             for bucket in want[w]:
-                assert np.array_equal(got[f"worker:{w}"][bucket], want[w][bucket])
-    assert {k: v for r in residuals.values() for k, v in r.items()}.keys() == reference.state.residuals.keys()
+                assert same_bits(got[f"worker:{w}"][bucket], want[w][bucket]), f"step {step} worker {w} {bucket}"
+    mine = {k: v for r in residuals.values() for k, v in r.items()}
+    assert mine.keys() == reference.state.residuals.keys()
+    assert all(same_bits(v, reference.state.residuals[k]) for k, v in mine.items())
 
 
 @pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])

@@ -1,0 +1,146 @@
+"""The merge primitive: sum a partition's inputs in a fixed order, then divide.
+
+Every engine runs :func:`run_merge`.  Its inputs are decoded arrays, or decodes the per-rank executor left
+undone because a merge is their only reader: :class:`Deferred` (a codec that decodes block by block: the
+merge expands each cache-sized block as it adds) and :class:`Sparse` (a sparsifier's entries: the merge adds
+them at their indices instead of adding a tensor of zeros).  Either way the result is bit for bit the merge
+of the decoded arrays, signed zeros included.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from primitives.codecs import Codec, Payload
+from primitives.codecs.base import BLOCK, scratch
+
+_NEGATIVE_ZERO = np.uint32(0x80000000)
+
+
+class Deferred(NamedTuple):
+    """A decode whose only reader is a merge, of a codec with ``decodes_in_blocks``: the merge decodes it
+    block by block as it adds, so no tensor-sized decoded array is written and read back."""
+
+    codec: Codec
+    payload: Payload
+    n: int
+
+
+class Sparse(NamedTuple):
+    """A decode whose only reader is a merge, of a codec with ``decodes_sparse``: ``values`` at ``indices``
+    (strictly ascending) and +0.0 everywhere else of ``n``."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    n: int
+
+
+Input = np.ndarray | Deferred | Sparse
+
+
+def run_merge(inputs: Sequence[Input], divisor: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Sum ``inputs`` left to right in float32 (a fixed order, so results are reproducible), then divide;
+    into ``out`` or a fresh array."""
+    if any(isinstance(x, Sparse) for x in inputs):
+        return _merge_sparse(inputs, divisor, out)
+    if any(isinstance(x, Deferred) for x in inputs):
+        return _merge_blocks(inputs, divisor, out)
+    with np.errstate(invalid="ignore"):  # Inf + -Inf = NaN is what nonfinite="propagate" asks for
+        if len(inputs) == 1:
+            acc = np.array(inputs[0], dtype=np.float32, copy=True) if out is None else out
+            if out is not None:
+                np.copyto(out, inputs[0])
+        else:  # the first add allocates the accumulator: one pass fewer than copy-then-add, same float32 sums
+            acc = np.add(inputs[0], inputs[1], dtype=np.float32, out=out)
+            for x in inputs[2:]:
+                np.add(acc, x, out=acc)
+        if divisor != 1:
+            np.divide(acc, np.float32(divisor), out=acc)
+    return acc
+
+
+def _length(x: Input) -> int:
+    return x.size if isinstance(x, np.ndarray) else x.n
+
+
+def _merge_blocks(inputs: Sequence[np.ndarray | Deferred], divisor: int, out: np.ndarray | None) -> np.ndarray:
+    """:func:`run_merge` block by block, decoding :class:`Deferred` inputs one cache-sized block at a time:
+    the same additions in the same order, so the same floats."""
+    n = _length(inputs[0])
+    acc = np.empty(n, np.float32) if out is None else out
+    bufs = [scratch(f"merge{i}", np.float32, min(n, BLOCK)) if isinstance(x, Deferred) else None
+            for i, x in enumerate(inputs)]
+    with np.errstate(invalid="ignore"):
+        for start in range(0, n, BLOCK):
+            stop = min(n, start + BLOCK)
+            blocks = [x.codec.decode_block(x.payload, x.n, start, stop, bufs[i][: stop - start])
+                      if isinstance(x, Deferred) else x[start:stop] for i, x in enumerate(inputs)]
+            a = acc[start:stop]
+            if len(blocks) == 1:
+                np.copyto(a, blocks[0])
+            else:
+                np.add(blocks[0], blocks[1], out=a, dtype=np.float32)
+                for b in blocks[2:]:
+                    np.add(a, b, out=a)
+            if divisor != 1:
+                np.divide(a, np.float32(divisor), out=a)
+    return acc
+
+
+def _merge_sparse(inputs: Sequence[Input], divisor: int, out: np.ndarray | None) -> np.ndarray:
+    """:func:`run_merge` adding :class:`Sparse` inputs at their indices only: the same additions of the
+    same nonzero terms in the same order.
+
+    Adding a decoded tensor's +0.0 changes nothing but a -0.0 (into +0.0), so the accumulator's -0.0
+    positions are tracked (``neg``, a superset of them, as a few indices): where a sparse input does not
+    touch one, it becomes +0.0 as the dense add would have made it.
+    """
+    n = _length(inputs[0])
+    acc = np.empty(n, np.float32) if out is None else out
+    neg: np.ndarray | None = None  # None: not tracked yet (found by a scan when first needed)
+    with np.errstate(invalid="ignore"):
+        first = inputs[0]
+        if isinstance(first, Sparse):
+            acc.fill(0)
+            acc[first.indices] = first.values  # exactly the decoded tensor
+            neg = first.indices[_negative_zeros(first.values)]
+        else:
+            _decode_into(first, acc)
+        for x in inputs[1:]:
+            if isinstance(x, Sparse):
+                if neg is None:
+                    neg = np.flatnonzero(_negative_zeros(acc))
+                if neg.size:
+                    touched = _members(neg, x.indices)
+                    acc[neg[~touched]] = 0  # -0.0 + (+0.0)
+                    neg = neg[touched]
+                np.add.at(acc, x.indices, x.values)  # distinct indices: acc[i] + v once each
+            else:
+                np.add(acc, x if isinstance(x, np.ndarray) else x.codec.decode(x.payload, x.n), out=acc)
+            if neg is not None and neg.size:  # a sum is -0.0 only where both terms were
+                neg = neg[_negative_zeros(acc[neg])]
+        if divisor != 1:  # one pass: cheaper than finding the union of the indices
+            np.divide(acc, np.float32(divisor), out=acc)
+    return acc
+
+
+def _decode_into(x: np.ndarray | Deferred, out: np.ndarray) -> None:
+    if isinstance(x, Deferred):
+        x.codec.decode_into(x.payload, x.n, out)
+    else:
+        np.copyto(out, x)
+
+
+def _negative_zeros(values: np.ndarray) -> np.ndarray:
+    """Where ``values`` (float32) hold -0.0, by bits."""
+    return values.view(np.uint32) == _NEGATIVE_ZERO
+
+
+def _members(a: np.ndarray, sorted_b: np.ndarray) -> np.ndarray:
+    """Whether each element of ``a`` is in ``sorted_b`` (ascending)."""
+    if sorted_b.size == 0:
+        return np.zeros(a.size, np.bool_)
+    pos = np.searchsorted(sorted_b, a)
+    pos[pos == sorted_b.size] = 0
+    return sorted_b[pos] == a
