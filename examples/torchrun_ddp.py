@@ -55,7 +55,8 @@ def main() -> None:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     args = p.parse_args()
 
-    use_cuda = torch.cuda.is_available()
+    # one GPU per process where there are enough (NCCL refuses two ranks on one GPU); else CPU and gloo
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     dist.init_process_group("nccl" if use_cuda else "gloo")  # torchrun's environment
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")

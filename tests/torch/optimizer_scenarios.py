@@ -13,12 +13,14 @@ from tests.torch.scenarios import GradientModel, batch, mlp, params
 
 
 def feed(model: torch.nn.Module, grads: dict[str, np.ndarray]) -> None:
-    model({n: torch.from_numpy(g) for n, g in grads.items()}).backward()
+    device = next(model.parameters()).device
+    model({n: torch.from_numpy(g).to(device) for n, g in grads.items()}).backward()
 
 
-def synced(rank: int, world: int, steps: int = 4) -> dict[str, Any]:
-    """Gradients after synchronize(): per step one backward pass; then with backward_passes_per_step=2."""
-    model = GradientModel(SHAPES)
+def synced(rank: int, world: int, steps: int = 4, device: str = "cpu") -> dict[str, Any]:
+    """Gradients after synchronize(): per step one backward pass; then with backward_passes_per_step=2.
+    ``device``: where the parameters and gradients live (``"cuda"``: the rank's GPU)."""
+    model = GradientModel(SHAPES).to(device)
     opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model.named_parameters(),
                                   strategy="ring", codec="onebit", bucket_bytes=4096, check_every=2)
     seen = []
@@ -26,9 +28,9 @@ def synced(rank: int, world: int, steps: int = 4) -> dict[str, Any]:
         opt.zero_grad()
         feed(model, step_grads(world, step)[rank])
         opt.synchronize()
-        seen.append({n: p.grad.numpy().copy() for n, p in model.named_parameters()})
+        seen.append({n: p.grad.cpu().numpy().copy() for n, p in model.named_parameters()})
         opt.step()
-    accumulated = GradientModel(SHAPES)
+    accumulated = GradientModel(SHAPES).to(device)
     acc = ct.DistributedOptimizer(torch.optim.SGD(accumulated.parameters(), lr=0.0), accumulated.named_parameters(),
                                   strategy="allgather", codec="topk:ratio=0.1", bucket_bytes=4096,
                                   backward_passes_per_step=2, compute_threads=2)  # two ops at once: same floats
@@ -37,7 +39,7 @@ def synced(rank: int, world: int, steps: int = 4) -> dict[str, Any]:
         feed(accumulated, step_grads(world, 2 * step)[rank])
         feed(accumulated, step_grads(world, 2 * step + 1)[rank])
         acc.step()
-    acc_grads = {n: p.grad.numpy().copy() for n, p in accumulated.named_parameters()}
+    acc_grads = {n: p.grad.cpu().numpy().copy() for n, p in accumulated.named_parameters()}
     too_many = None
     try:
         feed(accumulated, step_grads(world, 0)[rank])

@@ -41,21 +41,26 @@ def batch(step: int, rank: int, dtype: torch.dtype = torch.float32) -> tuple[tor
     return torch.randn(16, 20, generator=g).to(dtype), torch.randn(16, 4, generator=g).to(dtype)
 
 
-def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5) -> list[dict[str, Any]]:
-    """Per config: every step's gradients after DDP + the hook (fed gradients from ``step_grads``), the plan."""
+def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5, device: str = "cpu",
+                     dtype: str = "float32") -> list[dict[str, Any]]:
+    """Per config: every step's gradients after DDP + the hook (fed gradients from ``step_grads``), the plan.
+    ``device``/``dtype``: where DDP's parameters, gradients and buckets live (``"cuda"``: the rank's GPU)."""
     out = []
+    kind = getattr(torch, dtype)
     for config in configs:
         config = dict(config)
         view = config.pop("gradient_as_bucket_view", False)  # DDP's .grad then lives in its bucket buffers
-        model = DDP(GradientModel(SHAPES), bucket_cap_mb=0.008, gradient_as_bucket_view=view)  # 'big' alone, the rest fused
+        module = GradientModel(SHAPES).to(device=device, dtype=kind)
+        model = DDP(module, bucket_cap_mb=0.008, gradient_as_bucket_view=view)  # 'big' alone, the rest fused
         state = ct.CasyncState(check_every=2, **config)
         model.register_comm_hook(state, ct.comm_hook)
         seen = []
         for step in range(steps):
             grads = step_grads(world, step)[rank]
             model.zero_grad(set_to_none=False)
-            model({n: torch.from_numpy(g) for n, g in grads.items()}).backward()
-            seen.append({n: p.grad.numpy().copy() for n, p in model.module.named_parameters()})
+            model({n: torch.from_numpy(g).to(device=device, dtype=kind) for n, g in grads.items()}).backward()
+            seen.append({n: p.grad.cpu().numpy().copy() if kind == torch.float32 else p.grad.float().cpu().numpy()
+                         for n, p in model.module.named_parameters()})
         out.append({"grads": seen, "plan": state.plan.to_dict(), "compressing_from": 2,
                     "buckets": len(state.plan.buckets), "iteration": state.iter})
     return out

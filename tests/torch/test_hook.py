@@ -54,6 +54,31 @@ def test_hook_is_bit_identical_to_local_engine():
                         f"{config}, step {step}, rank {rank}, {name}: differs from LocalEngine"
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA device (run where one exists; CI has none)")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_cuda_buckets_sync_to_the_bits_of_host_buckets(dtype):
+    """DDP buckets on a GPU are staged through host memory, synced as float32 and cast back: every rank gets
+    the bits the same ranks get with the buckets on the CPU (which the test above holds to LocalEngine)."""
+    configs = [dict(strategy="ring", codec="onebit"), dict(strategy="ps", codec="topk:ratio=0.1"),
+               dict(strategy="allgather", codec="none"), dict(strategy="ring", codec="randomk:ratio=0.1")]
+    kw = dict(configs=configs, steps=4, dtype=dtype)
+    host = ok(run_ranks("tests.torch.scenarios:synced_gradients", 2, device="cpu", **kw))
+    gpu = ok(run_ranks("tests.torch.scenarios:synced_gradients", 2, device="cuda", **kw))
+    for rank in range(2):
+        for index, config in enumerate(configs):
+            assert gpu[rank][index]["plan"] == host[rank][index]["plan"]
+            for step in range(4):
+                for name in SHAPES:
+                    want, got = host[rank][index]["grads"][step][name], gpu[rank][index]["grads"][step][name]
+                    assert got.tobytes() == want.tobytes(), f"{config} {dtype}, step {step}, rank {rank}, {name}"
+
+
 def test_hook_with_codec_none_trains_like_plain_ddp():
     results = ok(run_ranks("tests.torch.scenarios:plain_vs_hook", 2))
     for r in results:

@@ -3,6 +3,8 @@ parameters broadcast from rank 0, clipping between synchronize() and step(), and
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
 import casync
 from tests.engines.conformance import SHAPES, step_grads
@@ -28,6 +30,18 @@ def test_synchronized_gradients_are_local_engines_and_accumulate_over_passes():
         for name in SHAPES:
             assert np.array_equal(r["acc"][name], want[rank][name]), f"accumulated, rank {rank}, {name}"
         assert "got a gradient 3 times since the last step(); backward_passes_per_step is 2" in r["too_many"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run where one exists; CI has none)")
+def test_cuda_parameters_sync_to_the_bits_of_host_parameters():
+    """Gradients on a GPU are staged through host memory: the bits of the same ranks on the CPU."""
+    host = ok(run_ranks("tests.torch.optimizer_scenarios:synced", 2))
+    gpu = ok(run_ranks("tests.torch.optimizer_scenarios:synced", 2, device="cuda"))
+    for h, g in zip(host, gpu):
+        assert g["plan"] == h["plan"] and g["too_many"] == h["too_many"]
+        for step in range(4):
+            assert all(g["grads"][step][n].tobytes() == h["grads"][step][n].tobytes() for n in SHAPES), step
+        assert all(g["acc"][n].tobytes() == h["acc"][n].tobytes() for n in SHAPES)
 
 
 def test_training_broadcasts_clips_schedules_and_resumes_exactly():
