@@ -8,7 +8,7 @@ of the decoded arrays, signed zeros included.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,6 +37,13 @@ class Sparse(NamedTuple):
 
 
 Input = np.ndarray | Deferred | Sparse
+
+
+def handed_to_merge(attrs: Mapping[str, Any], readers: Sequence[str]) -> bool:
+    """Whether a node is a decode the per-rank executor leaves to its merge (:class:`Deferred` or
+    :class:`Sparse`, where the codec can): not an output, and read by one merge only.  ``readers``: the ops
+    of the node's consumers.  The simulator prices such decodes by the same rule."""
+    return attrs["op"] == "decode" and not attrs.get("output") and len(readers) == 1 and readers[0] == "merge"
 
 
 def run_merge(inputs: Sequence[Input], divisor: int, out: np.ndarray | None = None) -> np.ndarray:

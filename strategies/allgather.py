@@ -69,7 +69,7 @@ class AllGather(Strategy):
         N, o = est.N, est.o
         if N == 1:
             return est.single(acc, n, K, codec)
-        E, D, M = est.enc(codec, n), est.dec(codec, n), est.merge(n, N)
+        E, D, M = est.enc(codec, n), est.dec_merged(codec, n), est.merge_decoded(n, N, 0, codec)
         B = codec.compressed_nbytes(n)
         w = np.arange(N)
         Xa, lat_a = est.links(w, (w + 1) % N, B)

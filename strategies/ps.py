@@ -132,9 +132,9 @@ class ParameterServer(Strategy):
         pull = codec if est.two_way else IDENTITY
         if N == 1:
             return est.single(acc, n, K, pull)
-        E, D = est.enc(codec, n), est.dec(codec, n)
+        E, D = est.enc(codec, n), est.dec_merged(codec, n)
         Ep, Dp = est.enc(pull, n), est.dec(pull, n)
-        M = est.merge(n, N)
+        M = est.merge_decoded(n, N - 1, 1, codec)
         B, Bp = codec.compressed_nbytes(n), pull.compressed_nbytes(n)
         w = np.arange(N)
         hosts = np.unique(np.arange(K) % N)

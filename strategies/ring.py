@@ -115,7 +115,9 @@ class Ring(Strategy):
         N, o = est.N, est.o
         if N == 1:
             return est.single(acc, n, K, codec)
-        E, D, M2 = est.enc(codec, n), est.dec(codec, n), est.merge(n, 2)
+        # a hop decodes into its merge with the local chunk; the owner and the all-gather decode outputs
+        E, D, M2 = est.enc(codec, n), est.dec(codec, n), est.merge_decoded(n, 1, 1, codec)
+        Dm = est.dec_merged(codec, n)
         B = codec.compressed_nbytes(n)
         ring = np.arange(N)
         X, lat = est.links(ring, (ring + 1) % N, B)
@@ -123,7 +125,7 @@ class Ring(Strategy):
         s = np.arange(K) % N
         wk = (s[:, None] + np.arange(N)[None, :]) % N          # (K, N): worker at chain position r
         hop = hop_w[wk]                                         # link from position r to r+1 (r=N-1: to pos 0)
-        C0, Cmid = o + E, o + D + M2 + E
+        C0, Cmid = o + E, o + Dm + M2 + E
         cum = np.cumsum(hop[:, : N - 1], axis=1)                # cum[:, r-1] = sum of hops before position r
         arr = C0 + cum + np.arange(N - 1)[None, :] * Cmid       # arrival at positions 1..N-1
         send_rs = np.concatenate([np.full((K, 1), C0), arr[:, : N - 2] + Cmid], axis=1)  # positions 0..N-2

@@ -34,6 +34,7 @@ import numpy as np
 
 from primitives.codecs import Codec
 from primitives.ops import run_node
+from primitives.merge import handed_to_merge
 from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
@@ -93,8 +94,8 @@ class RankExecutor:
             self._to_peer[ops[i].peer] = self._to_peer.get(ops[i].peer, 0) + 1
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
         # decodes whose one reader is a merge: the merge decodes them block by block (primitives.ops.Deferred)
-        self._deferred = {i for i, op in enumerate(ops) if op.attrs["op"] == "decode" and not op.attrs.get("output")
-                          and len(op.consumers) == 1 and ops[op.consumers[0]].attrs["op"] == "merge"}
+        self._deferred = {i for i, op in enumerate(ops)
+                          if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])}
         self._cond = threading.Condition()
         self._step: int | None = None
 

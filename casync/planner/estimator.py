@@ -110,6 +110,18 @@ class Estimator:
     def merge(self, n: int, inputs: int) -> float:
         return self.profile.merge_s(n, inputs)
 
+    def dec_merged(self, codec: Codec, n: int) -> float:
+        """Seconds for a decode only a merge reads: a sparsifier's is handed to the merge as its entries
+        (``primitives.merge.Sparse``), as the simulator prices it (``casync.sim.optable.cost_key``)."""
+        return self.profile.entries_s(str(codec), n) if codec.decodes_sparse else self.dec(codec, n)
+
+    def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec) -> float:
+        """Seconds to merge ``decoded`` payloads of ``codec`` with ``local`` dense inputs: a sparsifier's
+        entries are added at their indices, so only the dense inputs (at least one pass) count."""
+        if codec.decodes_sparse and decoded:
+            return self.profile.merge_s(n, max(1, local))
+        return self.profile.merge_s(n, decoded + local)
+
     def slots(self, pattern: str, K: int) -> tuple[int, int]:
         """Transfer slots of a shifted exchange of ``K`` partitions (see :func:`casync.planner.slots.slots`)."""
         return slots(pattern, self.N, K)

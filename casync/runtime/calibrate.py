@@ -33,6 +33,7 @@ from primitives.ir import COMPUTE_OPS
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
 from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from ..sim.optable import KINDS, cost_key, entries_decodes, op_seconds
 
 
 @dataclass
@@ -75,13 +76,11 @@ def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpa
     return spans
 
 
-def _predicted_op_s(attrs: dict[str, Any], profile: Profile, inputs: int) -> float:
-    op = attrs["op"]
-    if op == "encode":
-        return profile.encode_s(attrs["codec"], attrs["numel"], bool(attrs.get("ef")), runtime=False)
-    if op == "decode":
-        return profile.decode_s(attrs["codec"], attrs["numel"], runtime=False)
-    return profile.merge_s(attrs["numel"], inputs + (1 if attrs.get("local_input") else 0), runtime=False)
+def _predicted_op_s(graph: Any, node: Any, profile: Profile, entries: set[Any]) -> float:
+    """An op's profiled seconds, priced as the simulator prices it (``casync.sim.optable.cost_key``)."""
+    attrs = graph.nodes[node]
+    key = cost_key(graph, node, attrs, attrs["numel"], entries)
+    return op_seconds(profile, KINDS.index(attrs["op"]), key, runtime=False)
 
 
 def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
@@ -114,6 +113,7 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
 
     for plan, steps in runs:
         graph = plan.graph
+        entries = entries_decodes(graph)
         program = compile_program(plan)
         # time-sliced actors: wall times include waiting for a core
         sliced = cores is not None and len(plan.actors) > max_actors_per_core * cores
@@ -124,7 +124,7 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
                     key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
                     total = totals.setdefault(key, [0.0, 0.0])
                     total[0] += r["cpu"] if r.get("cpu") is not None else r["end"] - r["start"]
-                    total[1] += _predicted_op_s(a, profile, graph.in_degree(r["node"]))
+                    total[1] += _predicted_op_s(graph, r["node"], profile, entries)
             if sliced:
                 continue
             by_actor: dict[str, list[TaskSpan]] = {}
@@ -174,6 +174,7 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
     remote: list[tuple[int, float]] = []
     for plan, steps in runs:
         graph = plan.graph
+        entries = entries_decodes(graph)
         for rows in steps:
             done = {r["node"]: r["end"] for r in rows if r.get("node")}
             by_actor: dict[str, list[dict[str, Any]]] = {}
@@ -183,7 +184,7 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
                     key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
                     total = totals.setdefault(key, [0.0, 0.0])
                     total[0] += r["cpu"] if r.get("cpu") is not None else r["end"] - r["start"]
-                    total[1] += _predicted_op_s(a, profile, graph.in_degree(r["node"]))
+                    total[1] += _predicted_op_s(graph, r["node"], profile, entries)
                     by_actor.setdefault(r["actor"], []).append(r)
                 elif r["op"] == "recv" and r.get("node") in graph:  # op_rows starts a recv when its send was issued
                     sender = graph.nodes[next(iter(graph.predecessors(r["node"])))]["actor"]

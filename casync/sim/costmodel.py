@@ -140,6 +140,12 @@ class Profile:
     def decode_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
         return self._codec_entry(codec_key)["decode"](n) * self._scale(runtime, "decode", codec_key)
 
+    def entries_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
+        """A sparsifier's decode handed to its merge (``primitives.merge.Sparse``): its entries, and adding
+        them into the merge's sum.  Profiles without an ``entries`` cost price it as a whole decode."""
+        entry = self._codec_entry(codec_key)
+        return entry.get("entries", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
+
     def merge_s(self, n: int, inputs: int, runtime: bool = True) -> float:
         return self.merge(n * inputs) * self._scale(runtime, "merge")
 

@@ -25,7 +25,9 @@ from typing import Any, Sequence
 
 import networkx as nx
 
+from primitives.codecs import codec_class
 from primitives.ir import OPS
+from primitives.merge import handed_to_merge
 
 from ..schedule import hop_rounds
 
@@ -54,7 +56,7 @@ class OpTable:
     succ: list[list[int]]
     npred: list[int]
     rank: list[int]
-    cost: list[tuple]  # what the op's compute cost depends on: (codec, numel charged, error feedback, merged inputs)
+    cost: list[tuple]  # what the op's compute cost depends on (:func:`cost_key`)
     actors: list[str]
     buckets: list[str]  # bucket names; ``bucket[i]`` indexes this
     _durations: dict[int, tuple[Any, list[float]]] = field(default_factory=dict, repr=False, compare=False)
@@ -80,6 +82,7 @@ class OpTable:
             if a["op"] == "send" and a["nbytes"] > widest.get((b, a["codec"]), -1):
                 widest[(b, a["codec"])] = a["nbytes"]
         pred = graph._pred
+        entries = entries_decodes(graph)
         for n, a in graph.nodes(data=True):
             op = a["op"]
             kind = _KIND.get(op)
@@ -98,15 +101,7 @@ class OpTable:
             t.succ.append([index[s] for s in graph._succ[n]])
             inputs = len(pred[n])
             t.npred.append(inputs)
-            numel = largest[a["bucket"]]
-            if kind == ENCODE:
-                t.cost.append((a["codec"], numel, bool(a.get("ef")), 0))
-            elif kind == DECODE:
-                t.cost.append((a["codec"], numel, False, 0))
-            elif kind == MERGE:
-                t.cost.append((None, numel, False, inputs + (1 if a.get("local_input") else 0)))
-            else:
-                t.cost.append(None)
+            t.cost.append(cost_key(graph, n, a, largest[a["bucket"]], entries))
         for r, i in enumerate(sorted(range(len(t.names)), key=t.names.__getitem__)):
             t.rank[i] = r
         t.hop = hop_rounds(t.succ, [k == SEND for k in t.kind], t.npred)
@@ -185,14 +180,56 @@ class OpTable:
                 continue
             d = memo.get((kind, key))
             if d is None:
-                codec, numel, ef, inputs = key
-                if kind == ENCODE:
-                    d = profile.encode_s(codec, numel, ef)
-                elif kind == DECODE:
-                    d = profile.decode_s(codec, numel)
-                else:
-                    d = profile.merge_s(numel, inputs)
-                memo[(kind, key)] = d
+                d = memo[(kind, key)] = op_seconds(profile, kind, key)
             out.append(d)
         self._durations[id(profile)] = (profile, out)
         return out
+
+
+def entries_decodes(graph: nx.DiGraph) -> set[Any]:
+    """Decodes the per-rank executor hands to their merge as a sparsifier's entries (``primitives.merge``):
+    a codec with ``decodes_sparse``, by the executor's own rule (:func:`primitives.merge.handed_to_merge`)."""
+    sparse: dict[str, bool] = {}
+    out = set()
+    nodes, succ = graph.nodes, graph._succ
+    for n, a in nodes(data=True):
+        if a["op"] != "decode":
+            continue
+        key = a["codec"]
+        if key not in sparse:
+            cls = codec_class(key)
+            sparse[key] = cls is not None and cls.decodes_sparse
+        if sparse[key] and handed_to_merge(a, [nodes[v]["op"] for v in succ[n]]):
+            out.add(n)
+    return out
+
+
+def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, entries: set[Any]) -> tuple | None:
+    """What an op's compute cost depends on: ``(codec, elements charged, mode, merged inputs)``; None for
+    sends and receives.  ``mode``: an encode's error feedback (bool), ``"entries"`` for a decode in
+    ``entries`` (:func:`entries_decodes`), else False.  A merge counts its dense inputs (its local one
+    included), at least one where it adds entries (the accumulator is filled or copied once)."""
+    op = attrs["op"]
+    if op == "encode":
+        return (attrs["codec"], numel, bool(attrs.get("ef")), 0)
+    if op == "decode":
+        return (attrs["codec"], numel, "entries" if node in entries else False, 0)
+    if op == "merge":
+        preds = graph._pred[node]
+        sparse = sum(1 for u in preds if u in entries) if entries else 0
+        dense = len(preds) - sparse + (1 if attrs.get("local_input") else 0)
+        return (None, numel, False, max(1, dense) if sparse else dense)
+    return None
+
+
+def op_seconds(profile: Any, kind: int, key: tuple, runtime: bool = True) -> float:
+    """Seconds of compute for an op of ``kind`` with cost ``key`` (:func:`cost_key`) under ``profile``;
+    ``runtime=False``: at the profiled speed, without a calibrated runtime's scale."""
+    codec, numel, mode, inputs = key
+    if kind == ENCODE:
+        return profile.encode_s(codec, numel, mode, runtime)
+    if kind == DECODE:
+        if mode == "entries":
+            return profile.entries_s(codec, numel, runtime)
+        return profile.decode_s(codec, numel, runtime)
+    return profile.merge_s(numel, inputs, runtime)

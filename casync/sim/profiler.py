@@ -79,6 +79,10 @@ def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
             residuals = {"k": np.zeros(n, np.float32)}
             times["encode_ef"].append(best_time(lambda: run_encode(codec, x, 1, residuals, "k"), reps))
             times["decode"].append(best_time(lambda: codec.decode(payload, n), reps))
+            if codec.decodes_sparse:  # a decode handed to its merge: the entries, added into a sum
+                acc = np.zeros(n, np.float32)
+                times.setdefault("entries", []).append(
+                    best_time(lambda: np.add.at(acc, *codec.sparse_entries(payload, n)), reps))
         out[str(codec)] = {op: fit_linear(sizes, t) for op, t in times.items()}
     return out
 

@@ -29,6 +29,7 @@ __all__ = [
     "CodecSpec",
     "Payload",
     "available_codecs",
+    "codec_class",
     "get_codec",
     "parse_spec",
     "payload_nbytes",
@@ -69,6 +70,12 @@ def unregister_codec(name: str) -> None:
     if name not in _REGISTRY:
         raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
     del _REGISTRY[name]
+
+
+def codec_class(key: str) -> type[Codec] | None:
+    """The registered class of a codec key (``str(codec)``, e.g. ``"topk(ratio=0.01)"``) or spec
+    (``"topk:ratio=0.01"``), None if its name is not registered."""
+    return _REGISTRY.get(key.split("(", 1)[0].split(":", 1)[0])
 
 
 def available_codecs() -> list[str]:

@@ -131,3 +131,55 @@ def test_simulator_names_broken_graphs():
     plan.graph.add_edge(last, first)
     with pytest.raises(ValueError, match="cycle"):
         simulate(plan)
+
+
+@pytest.mark.parametrize("strategy,kw,sparse_inputs,local", [("ps", {}, 3, 1), ("allgather", {}, 4, 0),
+                                                                ("ring", {}, 1, 1), ("ps", {"servers": 2}, 4, 0)])
+def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw, sparse_inputs, local):
+    """As the per-rank executor runs it (primitives.merge.Sparse): a topk decode whose only reader is a merge
+    costs its entries, the merge only its dense inputs (one pass at least); output decodes stay whole."""
+    from casync.sim.optable import DECODE, MERGE
+
+    plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec="topk:ratio=0.1", **kw)
+    dense = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec="onebit", **kw)
+    table, plain = OpTable.from_graph(plan.graph), OpTable.from_graph(dense.graph)
+    graph = plan.graph
+    for i, name in enumerate(table.names):
+        a = graph.nodes[name]
+        if table.kind[i] == DECODE:
+            assert table.cost[i][2] == (False if a.get("output") else "entries"), name
+        if table.kind[i] == MERGE:
+            assert table.cost[i][3] == max(1, local) if sparse_inputs else 1 + local, name
+    assert {c[2] for k, c in zip(plain.kind, plain.cost) if k == DECODE} == {False}  # onebit: whole decodes
+    assert max(c[3] for k, c in zip(plain.kind, plain.cost) if k == MERGE) == sparse_inputs + local
+    profile = Profile.default()
+    durations = table.durations(profile)
+    for i, key in enumerate(table.cost):
+        if table.kind[i] == DECODE:
+            price = profile.entries_s if key[2] == "entries" else profile.decode_s
+            assert durations[i] == price(key[0], key[1])
+
+
+def test_a_profile_without_entries_prices_them_as_decodes():
+    """Profiles written before the entries cost existed keep their prices."""
+    profile = Profile.default()
+    older = Profile.from_dict({**profile.to_dict(), "codecs": {
+        k: {op: v for op, v in ops.items() if op != "entries"} for k, ops in profile.to_dict()["codecs"].items()}},
+        source="older")
+    assert older.entries_s("topk(ratio=0.01)", 10**6) == older.decode_s("topk(ratio=0.01)", 10**6)
+    assert profile.entries_s("topk(ratio=0.01)", 10**6) < profile.decode_s("topk(ratio=0.01)", 10**6)
+
+
+def test_calibration_prices_ops_as_the_simulator_does():
+    """casync.runtime.calibrate fits measured over predicted op time: predicted the simulator's way."""
+    from casync.runtime.calibrate import _predicted_op_s
+    from casync.sim.optable import KINDS, cost_key, entries_decodes, op_seconds
+
+    plan = casync.build_plan({"w": (4000,), "b": (10,)}, workers=3, strategy="ps", codec="randomk:ratio=0.1")
+    graph, profile = plan.graph, Profile.default()
+    entries = entries_decodes(graph)
+    assert entries and all(graph.nodes[n]["op"] == "decode" and not graph.nodes[n]["output"] for n in entries)
+    for n, a in graph.nodes(data=True):
+        if a["op"] in ("encode", "decode", "merge"):
+            want = op_seconds(profile, KINDS.index(a["op"]), cost_key(graph, n, a, a["numel"], entries), False)
+            assert _predicted_op_s(graph, n, profile, entries) == want

@@ -45,6 +45,8 @@ def test_fit_linear_recovers_a_line_and_profiling_runs():
     costs = profile_codecs(["onebit"], sizes=[2**10, 2**14], repeat=1)
     assert set(costs["onebit"]) == {"encode", "encode_ef", "decode"}
     assert all(isinstance(c, LinearCost) and c.b >= 0 for c in costs["onebit"].values())
+    sparse = profile_codecs(["topk:ratio=0.1"], sizes=[2**10, 2**14], repeat=1)  # and its entries into a merge
+    assert set(sparse["topk(ratio=0.1)"]) == {"encode", "encode_ef", "decode", "entries"}
 
 
 @pytest.mark.parametrize("kwargs,match", [(dict(nodes=0), "nodes"), (dict(bandwidth_gbps=0), "bandwidth"),
