@@ -19,6 +19,7 @@ from primitives.ir import Actor
 from strategies import IDENTITY, get_strategy
 
 from ..sim.costmodel import ClusterModel, Profile
+from ..sim.optable import merged_inputs
 from .slots import slots
 
 
@@ -118,8 +119,8 @@ class Estimator:
     def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec) -> float:
         """Seconds to merge ``decoded`` payloads of ``codec`` with ``local`` dense inputs: a sparsifier's
         entries are added at their indices, so only the dense inputs (at least one pass) count."""
-        if codec.decodes_sparse and decoded:
-            return self.profile.merge_s(n, max(1, local))
+        if codec.decodes_sparse:
+            return self.profile.merge_s(n, merged_inputs(local, decoded))
         return self.profile.merge_s(n, decoded + local)
 
     def slots(self, pattern: str, K: int) -> tuple[int, int]:

@@ -207,8 +207,7 @@ def entries_decodes(graph: nx.DiGraph) -> set[Any]:
 def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, entries: set[Any]) -> tuple | None:
     """What an op's compute cost depends on: ``(codec, elements charged, mode, merged inputs)``; None for
     sends and receives.  ``mode``: an encode's error feedback (bool), ``"entries"`` for a decode in
-    ``entries`` (:func:`entries_decodes`), else False.  A merge counts its dense inputs (its local one
-    included), at least one where it adds entries (the accumulator is filled or copied once)."""
+    ``entries`` (:func:`entries_decodes`), else False.  A merge counts its inputs by :func:`merged_inputs`."""
     op = attrs["op"]
     if op == "encode":
         return (attrs["codec"], numel, bool(attrs.get("ef")), 0)
@@ -217,9 +216,14 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, en
     if op == "merge":
         preds = graph._pred[node]
         sparse = sum(1 for u in preds if u in entries) if entries else 0
-        dense = len(preds) - sparse + (1 if attrs.get("local_input") else 0)
-        return (None, numel, False, max(1, dense) if sparse else dense)
+        return (None, numel, False, merged_inputs(len(preds) - sparse + (1 if attrs.get("local_input") else 0), sparse))
     return None
+
+
+def merged_inputs(dense: int, entries: int) -> int:
+    """The inputs a merge is charged for: its dense ones, at least one where it adds ``entries`` sparsifiers'
+    entries (its accumulator is then filled or copied once).  The planner's estimator counts the same way."""
+    return max(1, dense) if entries else dense
 
 
 def op_seconds(profile: Any, kind: int, key: tuple, runtime: bool = True) -> float:
