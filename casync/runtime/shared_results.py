@@ -11,13 +11,14 @@ room for the segment, use Ray's return as before.
 from __future__ import annotations
 
 import os
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Mapping
 
 import numpy as np
 
-#: the filesystem POSIX shared memory lives on (Linux)
-SHM_DIR = "/dev/shm"
+from ..transport.shm import SHM_DIR, attach
+
+__all__ = ["SHM_DIR", "MappedResults", "SharedResults", "room_for", "views"]
 
 
 def room_for(nbytes: int, directory: str = SHM_DIR) -> bool:
@@ -60,11 +61,7 @@ class MappedResults:
     """The driver's end: the actor's segment mapped read-only in spirit (copied out every step)."""
 
     def __init__(self, name: str, sizes: Mapping[str, int]):
-        self.shm = shared_memory.SharedMemory(name=name)
-        try:  # the actor owns the name; this process must not unlink it at exit
-            resource_tracker.unregister(self.shm._name, "shared_memory")  # type: ignore[attr-defined]
-        except Exception:
-            pass
+        self.shm = attach(name)  # the actor owns the name; this process must not unlink it at exit
         self.buffers = views(self.shm.buf, sizes)
 
     def close(self) -> None:

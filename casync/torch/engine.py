@@ -30,17 +30,6 @@ from ..transport.torchdist import free_port
 _ERRORS = {cls.__name__: cls for cls in (SyncError, SyncTimeoutError, WorkerLostError)}
 
 
-def own_resource_tracker() -> None:
-    """Give this (forked) process a shared-memory resource tracker of its own, as a rank started by torchrun has.
-    Forked ranks share their parent's, where one rank unregistering a peer's arena after mapping it
-    (``casync.transport.shm``) removes the owner's registration too, and the tracker complains at unlink."""
-    from multiprocessing import resource_tracker
-
-    tracker = resource_tracker._resource_tracker = resource_tracker.ResourceTracker()
-    for name in ("ensure_running", "register", "unregister", "getfd"):
-        setattr(resource_tracker, name, getattr(tracker, name))
-
-
 def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: dict, timeout_s: float,
                transport: str, custom: list[Any]) -> None:
     """One rank: join the job, make casync's groups, then serve the driver's requests until told to stop."""
@@ -51,8 +40,6 @@ def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: di
         import torch.distributed as dist
 
         from .group import CasyncGroup
-
-        own_resource_tracker()
         from .runner import PlanRunner
 
         torch.set_num_threads(1)

@@ -13,7 +13,9 @@ ends.  With a :class:`~casync.torch.state.CasyncState`:
   passes it in, so later buckets' backward overlaps earlier buckets' sync.  When DDP's buckets are the plan's
   (the usual case) DDP's flat buffer is the plan bucket's buffer, without a copy; otherwise (a checkpoint's
   plan on a new layout, or the planner's own buckets) gradients are copied parameter by parameter.  The
-  background thread completes every bucket's future once the step's sync is done.  The last bucket's hook
+  background thread completes every bucket's future once the step's sync is done; where DDP's buffer is float32
+  on the host, the future's value is the runner's own result buffer (DDP copies it into the gradients anyway,
+  before the next iteration calls the hook).  The last bucket's hook
   waits for that too (DDP waits at the end of backward anyway), so a failure is raised there with its
   :mod:`casync.errors` type (a ``SyncError`` after which DDP, like the state, is unusable).
 
@@ -58,6 +60,18 @@ def _back(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     if _in_place(like):
         return like.copy_(torch.from_numpy(array).view(like.shape))
     return torch.from_numpy(array).to(device=like.device, dtype=like.dtype, copy=True).view(like.shape)
+
+
+def _lent(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """The runner's result buffer itself as the bucket's future value, where DDP's buffer is float32 on the host.
+
+    DDP copies a hook's result into the parameters' gradients when backward ends (``finalize_backward``), before
+    the next iteration calls the hook and the runner writes this buffer again; so lending it saves copying the
+    whole bucket into DDP's buffer first.  Elsewhere (half precision, a GPU) the result is cast into a new
+    tensor (:func:`_back`)."""
+    if _in_place(like):
+        return torch.from_numpy(array).view(like.shape)
+    return _back(array, like)
 
 
 @dataclass
@@ -278,7 +292,7 @@ class HookSession:
 
     def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:
         if entry.bucket is not None:
-            return _back(outcome.results[entry.bucket], entry.like)
+            return _lent(outcome.results[entry.bucket], entry.like)
         like = entry.like
         out = like.detach().view(-1).numpy() if _in_place(like) else np.empty(like.numel(), np.float32)
         out.fill(0.0)  # what lies between DDP's gradient views

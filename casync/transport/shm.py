@@ -9,6 +9,9 @@ sizes are exact because codecs report exact wire sizes.
 """
 from __future__ import annotations
 
+import mmap
+import os
+import sys
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Iterable, Mapping
@@ -16,6 +19,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 ALIGN = 64
+#: where Linux keeps POSIX shared memory objects
+SHM_DIR = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,35 @@ def arenas(transfers: Iterable[Transfer], node_of: Mapping[str, Any]) -> dict[st
     return out
 
 
-def _attach(name: str) -> shared_memory.SharedMemory:
-    shm = shared_memory.SharedMemory(name=name)
-    try:  # the owner unlinks it; this process must not (Python's tracker would, at exit)
+class _Mapped:
+    """A segment another process made, mapped read-write, unknown to Python's resource tracker: its owner alone
+    unlinks it."""
+
+    def __init__(self, path: str):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def close(self) -> None:
+        self.buf.release()
+        self._mmap.close()
+
+
+def attach(name: str) -> Any:
+    """Map the shared memory ``name`` that another process created, without registering it with this process's
+    resource tracker.  Registering and then unregistering it (the usual workaround) is wrong where processes
+    share one tracker (ranks started by ``torch.multiprocessing.spawn``): the unregister removes the owner's
+    registration, and the tracker prints a ``KeyError`` traceback when the owner unlinks the arena."""
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    path = os.path.join(SHM_DIR, name.lstrip("/"))
+    if os.path.exists(path):  # Linux keeps POSIX shared memory there
+        return _Mapped(path)
+    shm = shared_memory.SharedMemory(name=name)  # elsewhere: the workaround (a private tracker per process)
+    try:
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     except Exception:
         pass
@@ -61,7 +92,7 @@ class ShmChannel:
         self.layout = layout
         self.prefix = prefix
         self._own: shared_memory.SharedMemory | None = None
-        self._peers: dict[str, shared_memory.SharedMemory] = {}
+        self._peers: dict[str, Any] = {}
         half = layout.get(actor, {}).get(-1, (0, 0))[0]
         if half:
             self._own = shared_memory.SharedMemory(name=self._name(actor), create=True, size=2 * half)
@@ -73,14 +104,14 @@ class ShmChannel:
         """Map the arenas of the same-node actors this one sends to (after every owner created its own)."""
         for receiver, slots in self.layout.items():
             if receiver != self.actor and slots.get(-1, (0, 0))[0]:
-                self._peers[receiver] = _attach(self._name(receiver))
+                self._peers[receiver] = attach(self._name(receiver))
 
     def unlink(self) -> None:
         """Remove this actor's arena name (every peer has mapped it): nothing is left behind if a process dies."""
         if self._own is not None:
             self._own.unlink()
 
-    def _slot(self, shm: shared_memory.SharedMemory, receiver: str, transfer: int, nbytes: int, step: int
+    def _slot(self, shm: Any, receiver: str, transfer: int, nbytes: int, step: int
               ) -> np.ndarray | None:
         """The slot of ``transfer`` in ``receiver``'s arena for ``step``; None when the body does not fit it
         (a codec's payload grew, e.g. a sparsity warm-up): both ends then use the base channel."""

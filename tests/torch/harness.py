@@ -33,9 +33,6 @@ def _entry(conn: Any, target: str, rank: int, world: int, port: int, kwargs: dic
         import torch
         import torch.distributed as dist
 
-        from casync.torch.engine import own_resource_tracker
-
-        own_resource_tracker()
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))

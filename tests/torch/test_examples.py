@@ -63,3 +63,41 @@ def test_ray_train_example_runs_and_resumes_exactly(tmp_path):
     assert first["epoch"] == second["epoch"] == 2
     assert first["crc"] == second["crc"]  # resumed from epoch 1's checkpoint: the same parameters, bit for bit
     assert 0 < first["sent_bytes"]
+
+
+SPAWNED = r"""
+import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import casync.torch as ct
+
+def main(rank, world, port):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8))
+    state = ct.CasyncState(strategy="ps", codec="onebit")
+    ddp.register_comm_hook(state, ct.comm_hook)
+    for step in range(4):
+        torch.manual_seed(step * world + rank)
+        ddp(torch.randn(16, 64)).square().mean().backward()
+    sys.stdout.write(f"rank {rank} steps {state.iter} ok\n")  # one write: the ranks share the pipe
+    sys.stdout.flush()
+    state.close()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(2, int(sys.argv[1])), nprocs=2)
+"""
+
+
+def test_ranks_started_by_mp_spawn_exit_cleanly(tmp_path):
+    """The DDP tutorial's way to start ranks: they share one resource tracker, which must not be told twice
+    about casync's shared-memory arenas (it printed a KeyError traceback per arena at exit)."""
+    from casync.transport.torchdist import free_port
+
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    run = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True, text=True, env=_env(),
+                         cwd=ROOT, timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert sorted(re.findall(r"rank (\d) steps 4 ok", run.stdout)) == ["0", "1"], run.stdout
+    assert "Traceback" not in run.stderr and "leaked" not in run.stderr, run.stderr[-3000:]
