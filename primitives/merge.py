@@ -13,7 +13,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from primitives.codecs import Codec, Payload
-from primitives.codecs.base import BLOCK, scratch
+from primitives.codecs.base import BLOCK, clear, scratch
 
 _NEGATIVE_ZERO = np.uint32(0x80000000)
 
@@ -109,7 +109,7 @@ def _merge_sparse(inputs: Sequence[Input], divisor: int, out: np.ndarray | None)
     with np.errstate(invalid="ignore"):
         first = inputs[0]
         if isinstance(first, Sparse):
-            acc.fill(0)
+            clear(acc)
             acc[first.indices] = first.values  # exactly the decoded tensor
             neg = first.indices[_negative_zeros(first.values)]
         else:
