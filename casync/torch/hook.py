@@ -13,11 +13,11 @@ ends.  With a :class:`~casync.torch.state.CasyncState`:
   passes it in, so later buckets' backward overlaps earlier buckets' sync.  When DDP's buckets are the plan's
   (the usual case) DDP's flat buffer is the plan bucket's buffer, without a copy; otherwise (a checkpoint's
   plan on a new layout, or the planner's own buckets) gradients are copied parameter by parameter.  The
-  background thread completes every bucket's future once the step's sync is done; where DDP's buffer is float32
-  on the host, the future's value is the runner's own result buffer (DDP copies it into the gradients anyway,
-  before the next iteration calls the hook).  The last bucket's hook
-  waits for that too (DDP waits at the end of backward anyway), so a failure is raised there with its
-  :mod:`casync.errors` type (a ``SyncError`` after which DDP, like the state, is unusable).
+  background thread completes every bucket's future once the step's sync is done: with the result written into
+  DDP's buffer where the gradients are views into it (``gradient_as_bucket_view``), else with the runner's own
+  result buffer, which DDP copies into the gradients anyway (before the next iteration calls the hook).  The
+  last bucket's hook waits for that too (DDP waits at the end of backward anyway), so a failure is raised there
+  with its :mod:`casync.errors` type (a ``SyncError`` after which DDP, like the state, is unusable).
 
 fp16/bf16 buckets (a half-precision model) are synced as float32 on the host and cast back; GPU buckets are
 staged through host memory (the codecs run on the CPU; only compressed payloads cross the network).
@@ -63,15 +63,13 @@ def _back(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
 
 
 def _lent(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """The runner's result buffer itself as the bucket's future value, where DDP's buffer is float32 on the host.
+    """The runner's result buffer itself as the bucket's future value (float32 on the host).
 
-    DDP copies a hook's result into the parameters' gradients when backward ends (``finalize_backward``), before
-    the next iteration calls the hook and the runner writes this buffer again; so lending it saves copying the
-    whole bucket into DDP's buffer first.  Elsewhere (half precision, a GPU) the result is cast into a new
-    tensor (:func:`_back`)."""
-    if _in_place(like):
-        return torch.from_numpy(array).view(like.shape)
-    return _back(array, like)
+    Without ``gradient_as_bucket_view`` DDP copies a hook's result from its buffer into the parameters'
+    gradients when backward ends (``finalize_backward``), before the next iteration calls the hook and the
+    runner writes this buffer again: lending it saves copying the whole bucket into DDP's buffer first.  (With
+    it, the gradients are views into DDP's buffer, and :func:`_back` writing there spares DDP its copy.)"""
+    return torch.from_numpy(array).view(like.shape)
 
 
 @dataclass
@@ -83,6 +81,7 @@ class _Entry:
     names: list[str]
     offsets: list[int]  # element offset of each parameter in DDP's buffer
     bucket: str | None = None  # the plan bucket when DDP's buffer is exactly it
+    lend: bool = False  # the result may be the runner's buffer itself (:func:`_lent`)
 
 
 @dataclass
@@ -225,6 +224,7 @@ class HookSession:
         exact = self.exact.get(tuple(names))
         if exact is not None and offsets == self._member_offsets(exact) and flat.size == state.plan.bucket(exact).numel:
             entry.bucket = exact
+            entry.lend = _in_place(buffer) and not _grads_are_views(bucket, buffer, list(bucket.parameters()))
             runner.provide(exact, flat)
         else:
             for name, offset in zip(names, offsets):
@@ -292,7 +292,7 @@ class HookSession:
 
     def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:
         if entry.bucket is not None:
-            return _lent(outcome.results[entry.bucket], entry.like)
+            return (_lent if entry.lend else _back)(outcome.results[entry.bucket], entry.like)
         like = entry.like
         out = like.detach().view(-1).numpy() if _in_place(like) else np.empty(like.numel(), np.float32)
         out.fill(0.0)  # what lies between DDP's gradient views
@@ -302,12 +302,17 @@ class HookSession:
         return like if _in_place(like) else _back(out, like)
 
 
+def _grads_are_views(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> bool:
+    """Whether the parameters' gradients are views into the bucket's buffer (DDP's ``gradient_as_bucket_view``)."""
+    grads = bucket.gradients()
+    return len(grads) == len(params) and all(g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+                                             for g in grads)
+
+
 def _offsets(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> list[int]:
     """Where each parameter's gradient starts in the bucket's flat buffer (from DDP's views into it)."""
-    grads = bucket.gradients()
-    if len(grads) == len(params) and all(g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-                                          for g in grads):
-        return [g.storage_offset() - buffer.storage_offset() for g in grads]
+    if _grads_are_views(bucket, buffer, params):
+        return [g.storage_offset() - buffer.storage_offset() for g in bucket.gradients()]
     offsets, at = [], 0
     for p in params:
         offsets.append(at)
