@@ -13,7 +13,10 @@ setup's command prefix, e.g. inside one network namespace each) that synchronize
 * ``ddp-powersgd-r1`` / ``-r4``  the same with ``powerSGD_hook`` (``matrix_approximation_rank`` 1 or 4,
   error feedback and warm start on, compressing from the first timed iteration);
 * ``ddp-casync:<strategy label>:<codec>``  the same with ``casync.torch.comm_hook`` running that casync
-  configuration on DDP's buckets (``casync.bench.hooks``), from its first planned iteration on.
+  configuration on DDP's buckets (``casync.bench.hooks``), from its first planned iteration on;
+* ``ddp-nocomm``   the same with a hook that communicates nothing (each rank keeps its own gradient): not a
+  sync, but the floor of every DDP row, since a DDP row's span runs from the first bucket's hook call, and
+  the later buckets' backward and DDP's bucket copies fall inside it whatever the hook does.
 
 Timing, comparable with casync's sync span (first op of any worker to last op of any worker): per
 iteration every rank passes a barrier, then records wall-clock start and end of its synchronization; the
@@ -51,7 +54,10 @@ BASELINES: dict[str, str] = {
     "ddp-fp16": "DDP fp16_compress_hook",
     "ddp-powersgd-r1": "DDP powerSGD_hook rank 1",
     "ddp-powersgd-r4": "DDP powerSGD_hook rank 4",
+    "ddp-nocomm": "DDP, no communication (floor)",
 }
+#: the baseline that only measures what every DDP row spends besides communication
+NO_COMMUNICATION = "ddp-nocomm"
 REFERENCE = "gloo-bucket"
 BUCKET_BYTES = 25 * 1024 * 1024
 POWERSGD_START_ITER = 2  # the smallest PyTorch allows with error feedback / warm start
@@ -130,6 +136,15 @@ def _timed_hook(hook: Callable, marks: list[tuple[str, float]]) -> Callable:
     # DDP checks the hook's annotations (this module's are strings, from __future__ annotations)
     wrapper.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
     return wrapper
+
+
+def _no_communication(state: Any, bucket: Any) -> Any:
+    """A DDP comm hook that keeps the rank's own gradient: a future already holding the bucket."""
+    import torch
+
+    future: Any = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def _one_bucket_at_a_time(hook: Callable) -> Callable:
@@ -231,6 +246,8 @@ def _rank_main(args: argparse.Namespace) -> None:
                 hook = powerSGD_hook.powerSGD_hook
             elif is_hook(variant):
                 state, hook = casync_hook(variant)
+            elif variant == NO_COMMUNICATION:
+                hook, payload = _no_communication, 0
             else:
                 raise ValueError(f"unknown baseline {variant!r}; choose from {list(BASELINES)}")
             powersgd = variant.startswith("ddp-powersgd")
@@ -267,12 +284,14 @@ def _rank_main(args: argparse.Namespace) -> None:
             spans = [max(g["ends"][i] for g in gathered) - min(g["starts"][i] for g in gathered) for i in range(iters)]
             entry = {"sync_s": spans, "backward_s": [max(g["walls"][i] for g in gathered) for i in range(iters)],
                      "payload_bytes": payload, "dense_bytes": 4 * numel,
-                     "consistent": all(g["probe"] == gathered[0]["probe"] for g in gathered),
+                     # (without communication the ranks keep different gradients: nothing to compare)
+                     "consistent": variant == NO_COMMUNICATION or all(g["probe"] == gathered[0]["probe"]
+                                                                      for g in gathered),
                      "warmup": warmup,
                      "link_bytes": None if any(g["sent"] is None for g in gathered) else sum(g["sent"] for g in gathered)}
             if is_hook(variant):
                 entry["wire_bytes"], entry["dense_wire_bytes"] = wire
-            if args.check:
+            if args.check and variant != NO_COMMUNICATION:
                 exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
                 entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))
             results[variant] = entry

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..drawing import draw_gantt
 from ..table import format_table, markdown_table
-from .baselines import BASELINES, DDP_SETTLE_ITERS, REFERENCE
+from .baselines import BASELINES, DDP_SETTLE_ITERS, NO_COMMUNICATION, REFERENCE
 from .grid import codec_label, split_transport, strategy_labels
 from .hooks import parse_hook_variant
 from .predict import predict
@@ -66,9 +66,10 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
             _system_cell(r), _strategy_cell(r) + (" *" if r is best else ""), _codec_cell(r), _ms(r.sync_s),
             _ms(min(r.sync_all_s)), _ms(max(r.sync_all_s)),
             round(r.speedup[REFERENCE], 2) if REFERENCE in r.speedup else "",
-            _mb(r.wire_bytes), *link, round(r.compression, 1),
+            _mb(r.wire_bytes), *link, round(r.compression, 1) if r.wire_bytes else "",
             _ms(pred), round(pred / r.sync_s, 2) if pred else "", _ms(r.wall_s),
-            "yes" if r.consistent else "NO", "" if r.rel_error is None else float(f"{r.rel_error:.3g}")])
+            "n/a" if r.strategy == NO_COMMUNICATION else "yes" if r.consistent else "NO",
+            "" if r.rel_error is None else float(f"{r.rel_error:.3g}")])
     return headers, body
 
 
@@ -84,7 +85,8 @@ def _strategy_cell(r: Row) -> str:
     if r.system == "baseline":
         return {"gloo-tensor": "all_reduce per tensor", "gloo-bucket": "all_reduce 25 MiB buckets",
                 "ddp": "DDP allreduce_hook", "ddp-fp16": "DDP fp16_compress_hook",
-                "ddp-powersgd-r1": "DDP powerSGD_hook r1", "ddp-powersgd-r4": "DDP powerSGD_hook r4"}[r.strategy]
+                "ddp-powersgd-r1": "DDP powerSGD_hook r1", "ddp-powersgd-r4": "DDP powerSGD_hook r4",
+                NO_COMMUNICATION: "DDP, hook without communication (floor)"}[r.strategy]
     return r.strategy
 
 
@@ -131,10 +133,15 @@ TORCH_HOOKS = ("ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-powersgd-r4")
 
 
 def hook_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
-    """Per group: the fastest casync configuration through DDP's comm hook against PyTorch's own hooks."""
+    """Per group: the fastest casync configuration through DDP's comm hook against PyTorch's own hooks, and,
+    where it ran, the floor no hook goes below (DDP with a hook that communicates nothing) with the largest
+    speed-up over DDP's allreduce that floor leaves to any hook."""
+    floor_ran = any(r.strategy == NO_COMMUNICATION and r.system == "baseline" and r.ok for r in result.rows)
     headers = ["model", "N", "fastest DDP + casync hook", "sync ms"]
     for name in TORCH_HOOKS:
         headers += [f"{BASELINES[name]} ms", "×"]
+    if floor_ran:
+        headers += ["no-communication floor ms", "DDP allreduce_hook ÷ floor"]
     body = []
     for model, workers in result.groups():
         group = result.group(model, workers)
@@ -147,6 +154,9 @@ def hook_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
         for name in TORCH_HOOKS:
             b = base.get(name)
             row += [_ms(b.sync_s), round(b.sync_s / best.sync_s, 2)] if b else ["", ""]
+        if floor_ran:
+            floor, ddp = base.get(NO_COMMUNICATION), base.get("ddp")
+            row += [_ms(floor.sync_s) if floor else "", round(ddp.sync_s / floor.sync_s, 2) if floor and ddp else ""]
         body.append(row)
     return headers, body
 
@@ -219,7 +229,10 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
               "The same casync configurations through `casync.torch.comm_hook` on a DistributedDataParallel model "
               "(DDP's 25 MiB buckets), timed like the DDP baselines in the same rank processes: from the first "
               "bucket's hook call to the last bucket's synchronized result; `×` = that hook's sync time / the "
-              "fastest casync hook row's.", "", markdown_table(headers, body), ""]
+              "fastest casync hook row's. The *no-communication floor* is the same span with a hook that sends "
+              "nothing: the later buckets' backward and DDP's own copies, which every DDP row's span holds; "
+              "DDP allreduce_hook ÷ floor is the largest speed-up over DDP's allreduce any hook could show here.",
+              "", markdown_table(headers, body), ""]
     headers, body = head_to_head_table(result)
     if body:
         L += ["## Head to head", "",

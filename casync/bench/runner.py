@@ -237,7 +237,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed
     return result
 
 
-BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-powersgd-r4": "powersgd r4"}
+BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-powersgd-r4": "powersgd r4",
+                    "ddp-nocomm": "nothing"}
 
 
 def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...], iters: int, warmup: int,

@@ -18,7 +18,7 @@ from casync.sim.simulator import simulate
 
 STRATEGIES = ("ps-twoway", "auto")
 CODECS = ("none", "onebit")
-BASELINES = ("gloo-bucket", "ddp-fp16", "ddp-powersgd-r1")
+BASELINES = ("gloo-bucket", "ddp-fp16", "ddp-powersgd-r1", "ddp-nocomm")
 HOOKS = ("ps-twoway/onebit",)
 
 
@@ -60,7 +60,8 @@ def test_measured_rows_are_predicted_with_the_given_profile_and_the_large_grid_w
 def test_bench_exits_zero_and_writes_every_artifact(bench_run):
     code, out, _ = bench_run
     assert code == 0
-    assert (out / "bench.md").stat().st_size > 0
+    report = (out / "bench.md").read_text()
+    assert "no-communication floor ms" in report and "DDP, hook without communication (floor)" in report
     for name in ("bench_bars_tiny.png", "bench_sim_tiny.png", "gantt_tiny_N2_best_measured.png",
                  "gantt_tiny_N2_best_predicted.png", "gantt_tiny_N2_worst_measured.png",
                  "gantt_tiny_N2_worst_predicted.png"):
@@ -80,7 +81,12 @@ def test_json_has_every_measured_row_with_sane_values(bench_run):
     assert hook["compression"] > 10 and casync[("ps-twoway", "onebit")]["compression"] > 10
     assert 0 < hook["rel_error"] < 2
     gloo = next(r for r in rows if r["strategy"] == "gloo-bucket")
+    floor = next(r for r in rows if r["strategy"] == "ddp-nocomm")  # a DDP hook that communicates nothing
+    assert floor["wire_bytes"] == 0 and floor["rel_error"] is None and floor["error"] is None
+    assert floor["sync_s"] > 0 and len(floor["sync_all_s"]) == 2
     for r in rows:
+        if r is floor:
+            continue
         assert r["error"] is None, r
         assert r["model"] == "tiny" and r["workers"] == 2
         assert r["sync_s"] > 0 and len(r["sync_all_s"]) == 2 and all(t > 0 for t in r["sync_all_s"])
