@@ -106,15 +106,23 @@ def _merge_sparse(inputs: Sequence[Input], divisor: int, out: np.ndarray | None)
     n = _length(inputs[0])
     acc = np.empty(n, np.float32) if out is None else out
     neg: np.ndarray | None = None  # None: not tracked yet (found by a scan when first needed)
+    first, rest = inputs[0], list(inputs[1:])
     with np.errstate(invalid="ignore"):
-        first = inputs[0]
         if isinstance(first, Sparse):
             clear(acc)
             acc[first.indices] = first.values  # exactly the decoded tensor
             neg = first.indices[_negative_zeros(first.values)]
+        elif isinstance(first, np.ndarray) and isinstance(rest[0], Sparse) and not np.may_share_memory(first, acc):
+            # a dense tensor plus a sparse one, in the pass that copies it: + 0.0 where the entries are not
+            # (a -0.0 there becomes +0.0, as adding the decoded zeros makes it), + the value where they are;
+            # so no scan for -0.0 is needed: only an entry's sum can be one
+            x = rest.pop(0)
+            np.add(first, np.float32(0), out=acc)
+            acc[x.indices] = first[x.indices] + x.values
+            neg = x.indices[_negative_zeros(acc[x.indices])]
         else:
             _decode_into(first, acc)
-        for x in inputs[1:]:
+        for x in rest:
             if isinstance(x, Sparse):
                 if neg is None:
                     neg = np.flatnonzero(_negative_zeros(acc))

@@ -318,11 +318,33 @@ def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
     return int(value)
 
 
-def zeroed(out: np.ndarray | None, n: int) -> np.ndarray:
-    """``out`` filled with zeros, or a fresh zero float32 array of length ``n`` (sparse decodes scatter into it)."""
+#: Elements per block when a sparse decode fills a reused buffer (512 KiB of float32): a block is cleared and
+#: its entries scattered while it is in cache, instead of clearing the whole buffer and then scattering into it
+#: from memory again (measured 0.89 -> 0.69 ms for 16k entries in 1.6M floats of a cold buffer).
+SCATTER_BLOCK = 1 << 17
+
+
+def scattered(out: np.ndarray | None, n: int, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` at ``indices`` and +0.0 everywhere else of length ``n``: in ``out`` (float32), or a fresh array.
+
+    Where ``indices`` are ascending and in range (a sparsifier's payload, as sent), ``out`` is filled block by
+    block; otherwise (a malformed payload: the plain scatter raises or writes what it always did) whole."""
     if out is None:
-        return np.zeros(n, np.float32)
-    return clear(out)
+        out = np.zeros(n, np.float32)
+    elif (n >= 2 * SCATTER_BLOCK and out.flags.c_contiguous and indices.size > 1 and 0 <= indices[0]
+          and indices[-1] < n and bool((indices[1:] >= indices[:-1]).all())):
+        cuts = np.searchsorted(indices, np.arange(SCATTER_BLOCK, n, SCATTER_BLOCK), side="left")
+        lo = 0
+        for block, start in enumerate(range(0, n, SCATTER_BLOCK)):
+            hi = int(cuts[block]) if block < cuts.size else indices.size
+            clear(out[start:start + SCATTER_BLOCK])
+            out[indices[lo:hi]] = values[lo:hi]
+            lo = hi
+        return out
+    else:
+        clear(out)
+    out[indices] = values
+    return out
 
 
 def clear(a: np.ndarray) -> np.ndarray:

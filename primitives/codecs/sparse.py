@@ -19,8 +19,8 @@ from .base import (
     check_seed,
     field,
     real_param,
+    scattered,
     scratch,
-    zeroed,
 )
 
 #: Below this many elements one argpartition over everything beats sampling.
@@ -214,9 +214,7 @@ class TopKCodec(_SparseCodec):
 
     def _decode(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         idx, values = self._fields(payload, n)
-        out = zeroed(out, n)
-        out[idx] = values
-        return out
+        return scattered(out, n, idx, values)
 
     def sparse_entries(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         idx, values = self._fields(payload, n)
@@ -302,9 +300,7 @@ class RandomKCodec(_SparseCodec):
 
     def _decode(self, payload: Payload, n: int, out: np.ndarray | None) -> np.ndarray:
         idx, values = self.sparse_entries(payload, n)
-        out = zeroed(out, n)
-        out[idx] = values
-        return out
+        return scattered(out, n, idx, values)
 
     def sparse_entries(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray]:
         k = self.k(n)
