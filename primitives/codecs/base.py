@@ -318,9 +318,10 @@ def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
     return int(value)
 
 
-#: Elements per block when a sparse decode fills a reused buffer (512 KiB of float32): a block is cleared and
-#: its entries scattered while it is in cache, instead of clearing the whole buffer and then scattering into it
-#: from memory again (measured 0.89 -> 0.69 ms for 16k entries in 1.6M floats of a cold buffer).
+#: Elements per block of the sparsifiers' blocked passes (512 KiB of float32): a sparse decode into a reused
+#: buffer clears a block and scatters its entries while it is in cache, instead of clearing the whole buffer
+#: and then scattering into it from memory again (measured 0.89 -> 0.69 ms for 16k entries in 1.6M floats of
+#: a cold buffer); randomk's error-feedback encode takes and clears its values block by block the same way.
 SCATTER_BLOCK = 1 << 17
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from .base import (
     CHUNK,
+    SCATTER_BLOCK,
     Codec,
     Payload,
     as_input,
@@ -291,6 +292,33 @@ class RandomKCodec(_SparseCodec):
         values = x[idx]
         x[idx] -= values
         return {"seed": np.array([seed], np.uint64), "values": values}
+
+    def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
+                        out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
+        """The sum, the sent values and the remainder block by block: each block's values are taken and
+        cleared while the block just written is in cache (the same floats as adding, then taking them)."""
+        x = as_input(x)
+        n = x.size
+        if residual.shape != x.shape or residual.dtype != np.float32 or n < 2 * SCATTER_BLOCK:
+            return super().encode_feedback(x, residual, seed, out)
+        seed = check_seed(seed)
+        idx = random_indices(n, self.k(n), seed)
+        corrected = np.empty_like(x) if out is None else out
+        values = np.empty(idx.size, np.float32)
+        cuts = np.searchsorted(idx, np.arange(SCATTER_BLOCK, n, SCATTER_BLOCK), side="left")
+        lo = 0
+        for block, start in enumerate(range(0, n, SCATTER_BLOCK)):
+            hi = int(cuts[block]) if block < cuts.size else idx.size
+            stop = start + SCATTER_BLOCK
+            c = corrected[start:stop]
+            np.add(x[start:stop], residual[start:stop], out=c)
+            if hi > lo:
+                at = idx[lo:hi] - start
+                v = values[lo:hi]
+                np.take(c, at, out=v)
+                c[at] -= v
+            lo = hi
+        return {"seed": np.array([seed], np.uint64), "values": values}, corrected
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
         return self._decode(payload, n, None)

@@ -1,12 +1,12 @@
-"""Sparse decodes into reused buffers (``primitives.codecs.base.scattered``): block by block where the indices
-allow it, always the bits of clearing the buffer and scattering the values."""
+"""The sparsifiers' blocked passes: decodes into reused buffers (``primitives.codecs.base.scattered``) and
+randomk's error-feedback encode, block by block where they can be, always the bits of the whole-array passes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from primitives.codecs import get_codec
-from primitives.codecs.base import SCATTER_BLOCK, scattered
+from primitives.codecs.base import SCATTER_BLOCK, Codec, scattered
 
 B = SCATTER_BLOCK
 
@@ -69,3 +69,20 @@ def test_decode_into_a_stale_buffer_matches_a_fresh_decode(spec):
     x = np.random.default_rng(4).standard_normal(n).astype(np.float32)
     payload = codec.encode(x, seed=9)
     assert codec.decode_into(payload, n, stale(n, 5)).tobytes() == codec.decode(payload, n).tobytes()
+
+
+@pytest.mark.parametrize("n", [2 * B - 1, 2 * B, 3 * B + 5])
+@pytest.mark.parametrize("into", [False, True], ids=["fresh", "into a spare"])
+def test_randomk_feedback_encode_in_blocks_gives_the_bits_of_add_then_take(n, into):
+    codec = get_codec("randomk:ratio=0.05")
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    residual = stale(n, 6)  # -0.0 and NaN among them
+    residual[5::13] = 3e38
+    x[5::13] = 3e38  # overflows to Inf in the sum
+    with np.errstate(over="ignore", invalid="ignore"):
+        payload, remainder = codec.encode_feedback(x, residual, seed=11, out=stale(n, 7) if into else None)
+        expected, expected_remainder = Codec.encode_feedback(codec, x, residual, seed=11)
+    assert payload.keys() == expected.keys()
+    assert all(payload[k].tobytes() == expected[k].tobytes() for k in payload)
+    assert remainder.tobytes() == expected_remainder.tobytes()
