@@ -251,9 +251,11 @@ def random_indices(n: int, k: int, seed: int) -> np.ndarray:
     if 4 * k > n:
         return np.sort(rng.permutation(n)[:k]).astype(dtype)
     idx = _sorted_unique(rng.integers(0, n, size=k, dtype=dtype))
-    while idx.size < k:
-        more = rng.integers(0, n, size=k - idx.size, dtype=dtype)
-        idx = _sorted_unique(np.concatenate([idx, more]))
+    while idx.size < k:  # the few new values of each top-up are inserted in place: no second full sort
+        more = _sorted_unique(rng.integers(0, n, size=k - idx.size, dtype=dtype))
+        pos = np.searchsorted(idx, more)
+        new = idx[np.minimum(pos, idx.size - 1)] != more  # (past the end: greater than the last, so new)
+        idx = np.insert(idx, pos[new], more[new])
     return idx
 
 

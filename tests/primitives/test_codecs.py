@@ -517,6 +517,18 @@ def test_random_indices_distinct_sorted_seeded(n, k):
     assert not np.array_equal(a, sparse.random_indices(n, k, seed=6))
 
 
+@pytest.mark.parametrize("n,k", [(1000, 240), (100_000, 10_000), (1_600_000, 16_000)])
+def test_random_indices_are_the_distinct_values_of_the_seeded_draws(n, k):
+    """The sparse draw: batches of i.i.d. draws topped up until k distinct values (what a payload's seed
+    means to every decoder, on every version that keeps it): checked against that definition written plainly."""
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        drawn = np.unique(rng.integers(0, n, size=k, dtype=np.uint32))
+        while drawn.size < k:
+            drawn = np.unique(np.concatenate([drawn, rng.integers(0, n, size=k - drawn.size, dtype=np.uint32)]))
+        np.testing.assert_array_equal(sparse.random_indices(n, k, seed), drawn)
+
+
 @pytest.mark.parametrize("n,k", [(20, 4), (20, 12)])  # the sparse and the dense draw
 def test_random_indices_are_uniform(n, k):
     trials = 3000
