@@ -83,6 +83,17 @@ def _predicted_op_s(graph: Any, node: Any, profile: Profile, entries: set[Any]) 
     return op_seconds(profile, KINDS.index(attrs["op"]), key, runtime=False)
 
 
+def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any, profile: Profile,
+                 entries: set[Any]) -> None:
+    """Add a compute op's measured seconds (its CPU where recorded, else its wall) and its profiled seconds to
+    the totals of its kind (``merge``, or ``<op>:<codec name>``)."""
+    attrs = graph.nodes[row["node"]]
+    key = "merge" if row["op"] == "merge" else f"{row['op']}:{attrs['codec'].split('(', 1)[0]}"
+    total = totals.setdefault(key, [0.0, 0.0])
+    total[0] += row["cpu"] if row.get("cpu") is not None else row["end"] - row["start"]
+    total[1] += _predicted_op_s(graph, row["node"], profile, entries)
+
+
 def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
                 max_actors_per_core: float = 1.0, cores: int | None = None, dispatch_s: float = 0.0,
                 cluster: ClusterModel | None = None) -> RuntimeCosts:
@@ -120,11 +131,7 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
         for rows in steps:
             for r in rows:
                 if r["op"] in COMPUTE_OPS and r.get("node") in graph and (r.get("cpu") is not None or not sliced):
-                    a = graph.nodes[r["node"]]
-                    key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
-                    total = totals.setdefault(key, [0.0, 0.0])
-                    total[0] += r["cpu"] if r.get("cpu") is not None else r["end"] - r["start"]
-                    total[1] += _predicted_op_s(graph, r["node"], profile, entries)
+                    _add_op_time(totals, r, graph, profile, entries)
             if sliced:
                 continue
             by_actor: dict[str, list[TaskSpan]] = {}
@@ -180,11 +187,7 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
             by_actor: dict[str, list[dict[str, Any]]] = {}
             for r in rows:
                 if r["op"] in COMPUTE_OPS and r.get("node") in graph:
-                    a = graph.nodes[r["node"]]
-                    key = "merge" if r["op"] == "merge" else f"{r['op']}:{a['codec'].split('(', 1)[0]}"
-                    total = totals.setdefault(key, [0.0, 0.0])
-                    total[0] += r["cpu"] if r.get("cpu") is not None else r["end"] - r["start"]
-                    total[1] += _predicted_op_s(graph, r["node"], profile, entries)
+                    _add_op_time(totals, r, graph, profile, entries)
                     by_actor.setdefault(r["actor"], []).append(r)
                 elif r["op"] == "recv" and r.get("node") in graph:  # op_rows starts a recv when its send was issued
                     sender = graph.nodes[next(iter(graph.predecessors(r["node"])))]["actor"]

@@ -9,7 +9,7 @@ import math
 import numbers
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
@@ -325,6 +325,23 @@ def int_param(codec: str, param: str, value: Any, lo: int, hi: int) -> int:
 SCATTER_BLOCK = 1 << 17
 
 
+def ascending_in_range(indices: np.ndarray, n: int) -> bool:
+    """Whether ``indices`` are strictly ascending and all in ``[0, n)`` (a sparsifier's payload as sent)."""
+    return indices.size == 0 or bool(0 <= indices[0] and indices[-1] < n
+                                     and (indices.size == 1 or (indices[1:] > indices[:-1]).all()))
+
+
+def index_blocks(indices: np.ndarray, n: int) -> Iterator[tuple[int, int, slice]]:
+    """``(start, stop, entries)`` for each block of :data:`SCATTER_BLOCK` elements of ``[0, n)``: ``entries`` is
+    the slice of ``indices`` (ascending) that falls in ``[start, stop)``."""
+    cuts = np.searchsorted(indices, np.arange(SCATTER_BLOCK, n, SCATTER_BLOCK), side="left")
+    lo = 0
+    for block, start in enumerate(range(0, n, SCATTER_BLOCK)):
+        hi = int(cuts[block]) if block < cuts.size else indices.size
+        yield start, min(n, start + SCATTER_BLOCK), slice(lo, hi)
+        lo = hi
+
+
 def scattered(out: np.ndarray | None, n: int, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``values`` at ``indices`` and +0.0 everywhere else of length ``n``: in ``out`` (float32), or a fresh array.
 
@@ -332,15 +349,10 @@ def scattered(out: np.ndarray | None, n: int, indices: np.ndarray, values: np.nd
     block; otherwise (a malformed payload: the plain scatter raises or writes what it always did) whole."""
     if out is None:
         out = np.zeros(n, np.float32)
-    elif (n >= 2 * SCATTER_BLOCK and out.flags.c_contiguous and indices.size > 1 and 0 <= indices[0]
-          and indices[-1] < n and bool((indices[1:] >= indices[:-1]).all())):
-        cuts = np.searchsorted(indices, np.arange(SCATTER_BLOCK, n, SCATTER_BLOCK), side="left")
-        lo = 0
-        for block, start in enumerate(range(0, n, SCATTER_BLOCK)):
-            hi = int(cuts[block]) if block < cuts.size else indices.size
-            clear(out[start:start + SCATTER_BLOCK])
-            out[indices[lo:hi]] = values[lo:hi]
-            lo = hi
+    elif n >= 2 * SCATTER_BLOCK and out.flags.c_contiguous and ascending_in_range(indices, n):
+        for start, stop, entries in index_blocks(indices, n):
+            clear(out[start:stop])
+            out[indices[entries]] = values[entries]
         return out
     else:
         clear(out)

@@ -16,9 +16,11 @@ from .base import (
     Codec,
     Payload,
     as_input,
+    ascending_in_range,
     check_length,
     check_seed,
     field,
+    index_blocks,
     real_param,
     scattered,
     scratch,
@@ -219,7 +221,7 @@ class TopKCodec(_SparseCodec):
 
     def sparse_entries(self, payload: Payload, n: int) -> tuple[np.ndarray, np.ndarray] | None:
         idx, values = self._fields(payload, n)
-        if idx.size and (idx[0] < 0 or idx[-1] >= n or (idx.size > 1 and not (idx[1:] > idx[:-1]).all())):
+        if not ascending_in_range(idx, n):
             return None  # out of order or out of range: decoding it whole says what is wrong, or what it means
         return idx, values
 
@@ -307,19 +309,12 @@ class RandomKCodec(_SparseCodec):
         idx = random_indices(n, self.k(n), seed)
         corrected = np.empty_like(x) if out is None else out
         values = np.empty(idx.size, np.float32)
-        cuts = np.searchsorted(idx, np.arange(SCATTER_BLOCK, n, SCATTER_BLOCK), side="left")
-        lo = 0
-        for block, start in enumerate(range(0, n, SCATTER_BLOCK)):
-            hi = int(cuts[block]) if block < cuts.size else idx.size
-            stop = start + SCATTER_BLOCK
+        for start, stop, entries in index_blocks(idx, n):
             c = corrected[start:stop]
             np.add(x[start:stop], residual[start:stop], out=c)
-            if hi > lo:
-                at = idx[lo:hi] - start
-                v = values[lo:hi]
-                np.take(c, at, out=v)
-                c[at] -= v
-            lo = hi
+            at, v = idx[entries] - start, values[entries]
+            np.take(c, at, out=v)
+            c[at] -= v
         return {"seed": np.array([seed], np.uint64), "values": values}, corrected
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:
