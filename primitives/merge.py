@@ -5,6 +5,10 @@ undone because a merge is their only reader: :class:`Deferred` (a codec that dec
 merge expands each cache-sized block as it adds) and :class:`Sparse` (a sparsifier's entries: the merge adds
 them at their indices instead of adding a tensor of zeros).  Either way the result is bit for bit the merge
 of the decoded arrays, signed zeros included.
+
+The merge itself may be left undone too: where its only reader is an error-feedback encode, the executor
+hands that encode a :class:`PendingMerge`, which the codec computes block by block as it adds the residual
+(:meth:`PendingMerge.into`), so the merged tensor is never written to memory and read back.
 """
 from __future__ import annotations
 
@@ -44,6 +48,66 @@ def handed_to_merge(attrs: Mapping[str, Any], readers: Sequence[str]) -> bool:
     :class:`Sparse`, where the codec can): not an output, and read by one merge only.  ``readers``: the ops
     of the node's consumers.  The simulator prices such decodes by the same rule."""
     return attrs["op"] == "decode" and not attrs.get("output") and len(readers) == 1 and readers[0] == "merge"
+
+
+def handed_to_encode(attrs: Mapping[str, Any], readers: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a node is a merge the per-rank executor leaves to its reader (a :class:`PendingMerge`): not an
+    output, and read by one error-feedback encode only.  ``readers``: the attributes of the node's consumers.
+    Whether the encode's codec then computes it block by block is :func:`merges_in_encode`; the simulator
+    prices such merges by the same two rules."""
+    return (attrs["op"] == "merge" and not attrs.get("output") and len(readers) == 1
+            and readers[0]["op"] == "encode" and bool(readers[0].get("ef")))
+
+
+def merges_in_encode(codec: Codec | type) -> bool:
+    """Whether ``codec``'s error-feedback encode takes a :class:`PendingMerge` as its input: the class that
+    defines its ``encode_feedback`` says so itself (``merges_in_encode = True``), so a subclass that overrides
+    the method without handling one is never handed one."""
+    cls = codec if isinstance(codec, type) else type(codec)
+    for klass in cls.__mro__:
+        if "encode_feedback" in vars(klass):
+            return bool(vars(klass).get("merges_in_encode", False))
+    return False
+
+
+class PendingMerge:
+    """A merge not yet run, handed to the error-feedback encode that is its only reader: :meth:`into` computes
+    any block of it (bit for bit that block of :func:`run_merge`, which works element by element), and
+    :meth:`run` the whole."""
+
+    __slots__ = ("inputs", "divisor", "n")
+
+    def __init__(self, inputs: Sequence[Input], divisor: int, n: int):
+        self.inputs, self.divisor, self.n = tuple(inputs), divisor, n
+
+    @property
+    def size(self) -> int:
+        return self.n
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def arrays(self) -> list[np.ndarray]:
+        """The dense arrays it reads (to check that an output buffer does not overlap them)."""
+        return [x for x in self.inputs if isinstance(x, np.ndarray)]
+
+    def run(self, out: np.ndarray | None = None) -> np.ndarray:
+        return run_merge(self.inputs, self.divisor, out)
+
+    def into(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Elements ``start:stop`` of the merge, written into ``out`` (float32, ``stop - start`` long)."""
+        blocks: list[Input] = []
+        for i, x in enumerate(self.inputs):
+            if isinstance(x, np.ndarray):
+                blocks.append(x[start:stop])
+            elif isinstance(x, Sparse):
+                lo, hi = np.searchsorted(x.indices, (start, stop))
+                blocks.append(Sparse(x.indices[lo:hi] - start, x.values[lo:hi], stop - start))
+            else:
+                buf = scratch(f"pending{i}", np.float32, stop - start)
+                blocks.append(x.codec.decode_block(x.payload, x.n, start, stop, buf[: stop - start]))
+        return run_merge(blocks, self.divisor, out)
 
 
 def run_merge(inputs: Sequence[Input], divisor: int, out: np.ndarray | None = None) -> np.ndarray:

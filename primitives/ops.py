@@ -14,9 +14,9 @@ import numpy as np
 from primitives.codecs import Codec, Payload
 
 from .finite import attach, carries_nonfinite, restore, split_nonfinite
-from .merge import Deferred, Sparse, run_merge
+from .merge import Deferred, PendingMerge, Sparse, merges_in_encode, run_merge
 
-__all__ = ["Deferred", "Sparse", "encode_seed", "run_encode", "run_merge", "run_node"]
+__all__ = ["Deferred", "PendingMerge", "Sparse", "encode_seed", "run_encode", "run_merge", "run_node"]
 
 
 def encode_seed(plan_seed: int, step: int, seed_key: int) -> int:
@@ -37,7 +37,7 @@ def _takes_out(codec: Codec) -> bool:
 _TAKES_OUT: dict[type, bool] = {}
 
 
-def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping[str, np.ndarray] | None,
+def run_encode(codec: Codec, x: np.ndarray | PendingMerge, seed: int, residuals: MutableMapping[str, np.ndarray] | None,
                ef_key: str | None, check: bool = False,
                spares: MutableMapping[str, np.ndarray] | None = None) -> Payload:
     """Encode ``x``; with error feedback, add the stored residual first and keep the new one.
@@ -51,18 +51,26 @@ def run_encode(codec: Codec, x: np.ndarray, seed: int, residuals: MutableMapping
 
     ``spares``: residual arrays the caller no longer needs, by key (the residuals of two steps back): the new
     residual is written into its key's spare where it fits, so a step allocates no residual memory.
+
+    ``x`` may be a merge still to run (:class:`PendingMerge`): a codec that ``merges_in_encode`` computes it
+    block by block as it adds the residual; otherwise it is run first.
     """
     ef = ef_key is not None and residuals is not None
     residual = residuals.get(ef_key) if ef else None
-    if residual is not None and not check and codec.ef_sound:  # the common case, fused where the codec can
+    pending = isinstance(x, PendingMerge)
+    if residual is not None and not check and codec.ef_sound and (not pending or merges_in_encode(codec)):
+        # the common case, fused where the codec can (a pending merge is computed as the residual is added)
         spare = spares.pop(ef_key, None) if spares else None
+        reads = x.arrays() if pending else [x]
         if (spare is not None and spare.shape == x.shape and spare.dtype == np.float32 and spare.flags.writeable
-                and spare.flags.c_contiguous and _takes_out(codec) and not np.may_share_memory(spare, x)
-                and not np.may_share_memory(spare, residual)):
+                and spare.flags.c_contiguous and _takes_out(codec) and not np.may_share_memory(spare, residual)
+                and not any(np.may_share_memory(spare, a) for a in reads)):
             payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed, out=spare)
         else:
             payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed)
         return payload
+    if pending:
+        x = x.run()
     corrected = x + residual if residual is not None else x
     side = split_nonfinite(corrected) if check else None
     if side is not None:
@@ -96,7 +104,8 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
     ``out`` itself, or a fresh array where the node could not write there.  ``defer``: the caller knows a
     decode's only reader is a merge; where the codec decodes in blocks, the decode becomes a
     :class:`Deferred` that the merge expands block by block, and where it decodes to a few entries, a
-    :class:`Sparse` that the merge adds at their indices.  ``spares``: recycled residual buffers for the
+    :class:`Sparse` that the merge adds at their indices.  For a merge, that its only reader is an
+    error-feedback encode: it becomes a :class:`PendingMerge` that the encode computes (see :func:`run_encode`).  ``spares``: recycled residual buffers for the
     encodes (see :func:`run_encode`).
     """
     op = attrs["op"]
@@ -126,6 +135,8 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
         values = list(inputs)
         if attrs["local_input"]:
             values.insert(attrs["local_slot"], local)
+        if defer:
+            return PendingMerge(values, attrs["divisor"], attrs["numel"])
         return run_merge(values, attrs["divisor"], out)
     if op in ("send", "recv"):
         return inputs[0]

@@ -10,7 +10,8 @@ sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`
   the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of an urgent
   bucket overtakes the rest as soon as its data is in (preemption at partition granularity); a decode whose
   only reader is a merge is expanded by that merge block by block (its record is short, the merge's carries
-  the work);
+  the work), and a merge whose only reader is an error-feedback encode is computed by that encode block by
+  block as it adds the residual (the same: the encode's record carries the merge);
 * one sender thread per peer writes that peer's messages in the order they were handed over (a transport
   may write a large message inline, which must not hold up the compute thread);
 * one receiver thread per peer takes that peer's messages in the order they arrive: a small header naming
@@ -34,7 +35,7 @@ import numpy as np
 
 from primitives.codecs import Codec
 from primitives.ops import run_node
-from primitives.merge import handed_to_merge
+from primitives.merge import handed_to_encode, handed_to_merge
 from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
@@ -93,9 +94,11 @@ class RankExecutor:
         for i in share.sends:
             self._to_peer[ops[i].peer] = self._to_peer.get(ops[i].peer, 0) + 1
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
-        # decodes whose one reader is a merge: the merge decodes them block by block (primitives.ops.Deferred)
+        # decodes whose one reader is a merge: the merge decodes them block by block (primitives.ops.Deferred);
+        # merges whose one reader is an error-feedback encode: the encode computes them (primitives.ops.PendingMerge)
         self._deferred = {i for i, op in enumerate(ops)
-                          if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])}
+                          if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])
+                          or handed_to_encode(op.attrs, [ops[c].attrs for c in op.consumers])}
         self._cond = threading.Condition()
         self._step: int | None = None
 

@@ -123,13 +123,20 @@ class Codec(ABC):
         np.subtract(x, self.decode(payload, x.size), out=x)
         return payload
 
+    #: this class's encode_feedback takes a merge still to run as ``x`` (see there)
+    merges_in_encode = True
+
     def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """One error-feedback encode: the payload of ``x + residual`` and what it does not carry (the next
         residual), in ``out`` (float32, ``x``'s shape, sharing memory with neither: a caller's recycled
         buffer) or a fresh array.  The default adds, then :meth:`encode_keep_error`; a codec may fuse the add
-        into its own sweep, with the same floats."""
-        corrected = x + residual if out is None else np.add(x, residual, out=out)
+        into its own sweep, with the same floats.
+
+        ``x`` may be a merge still to run (``primitives.merge.PendingMerge``) where the class that defines this
+        method sets ``merges_in_encode``: read it with :func:`feedback_input`, :func:`add_block` and
+        :func:`summed`, which compute its blocks as they add."""
+        corrected = summed(x, residual, out)
         return self.encode_keep_error(corrected, seed), corrected
 
     def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -257,6 +264,32 @@ def as_input(x: Any) -> np.ndarray:
     if x.ndim != 1:
         raise ValueError(f"codec input must be 1-D, got shape {x.shape}")
     return np.ascontiguousarray(x)
+
+
+def feedback_input(x: Any) -> Any:
+    """An error-feedback encode's input: :func:`as_input` of an array; a merge still to run
+    (``primitives.merge.PendingMerge``, anything with ``into``) as it is."""
+    return x if hasattr(x, "into") else as_input(x)
+
+
+def add_block(x: Any, addend: np.ndarray, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    """``out = x[start:stop] + addend[start:stop]`` (float32), where ``x`` is an array or a merge still to run,
+    whose block is computed into ``out`` first: the same floats either way (IEEE addition is commutative)."""
+    if isinstance(x, np.ndarray):
+        return np.add(x[start:stop], addend[start:stop], out=out)
+    x.into(start, stop, out)
+    return np.add(out, addend[start:stop], out=out)
+
+
+def summed(x: Any, addend: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``x + addend`` into ``out`` or a fresh array; a merge still to run is computed block by block."""
+    if isinstance(x, np.ndarray):
+        return x + addend if out is None else np.add(x, addend, out=out)
+    out = np.empty(x.size, np.float32) if out is None else out
+    for start in range(0, x.size, BLOCK):
+        stop = min(x.size, start + BLOCK)
+        add_block(x, addend, start, stop, out[start:stop])
+    return out
 
 
 def check_length(n: Any) -> int:

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from .base import BLOCK, Codec, Payload, as_input, check_length, field, scratch
+from .base import BLOCK, Codec, Payload, add_block, as_input, check_length, feedback_input, field, scratch
 
 
 class NoneCodec(Codec):
@@ -45,6 +45,7 @@ class FP16Codec(Codec):
     name = "fp16"
     ef_sound = True
     decodes_in_blocks = True
+    merges_in_encode = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -64,10 +65,10 @@ class FP16Codec(Codec):
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """The default's floats in one sweep: each block of ``x + residual`` is cast, cast back and subtracted
         while it is in cache."""
-        x = as_input(x)
+        x = feedback_input(x)
         if residual.shape != x.shape or residual.dtype != np.float32:
             return super().encode_feedback(x, residual, seed, out)
-        corrected = np.empty_like(x) if out is None else out
+        corrected = np.empty(x.size, np.float32) if out is None else out
         return self._sweep(x, residual, corrected), corrected
 
     def _sweep(self, x: np.ndarray, addend: np.ndarray | None, out: np.ndarray) -> Payload:
@@ -78,9 +79,9 @@ class FP16Codec(Codec):
         with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf, then inf - inf, as the default
             for start in range(0, n, BLOCK):
                 block = slice(start, start + BLOCK)
-                if addend is not None:
-                    np.add(x[block], addend[block], out=out[block])
                 c = out[block]
+                if addend is not None:
+                    add_block(x, addend, start, start + c.size, c)
                 cast(c, values[block])
                 np.subtract(c, cast(values[block], decoded[: c.size]), out=c)
         return {"values": values}

@@ -9,7 +9,8 @@ import threading
 
 import numpy as np
 
-from .base import BLOCK, Codec, Payload, as_input, block_sum, check_length, expand_packed, field, scratch
+from .base import (BLOCK, Codec, Payload, add_block, as_input, block_sum, check_length, expand_packed,
+                   feedback_input, field, scratch)
 
 # BLOCK: the encoder's four cheap passes measured best at half the library's CHUNK (about 10% faster than
 # 2 MiB blocks at 25M floats).
@@ -53,19 +54,22 @@ class OneBitCodec(Codec):
         _subtract_decoded(x, payload)
         return payload
 
+    merges_in_encode = True
+
     def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
-        x = as_input(x)
+        x = feedback_input(x)
         if residual.shape != x.shape or residual.dtype != np.float32:
             return super().encode_feedback(x, residual, seed, out)
-        corrected = np.empty_like(x) if out is None else out
+        corrected = np.empty(x.size, np.float32) if out is None else out
         payload = self._sweep(x, residual, corrected)
         _subtract_decoded(corrected, payload)
         return payload, corrected
 
     def _sweep(self, x: np.ndarray, addend: np.ndarray | None = None, out: np.ndarray | None = None) -> Payload:
         """The payload of ``x``, or with ``addend`` of ``out = x + addend`` (written block by block as it is
-        encoded).  One sweep: each block is read from memory once, then hit in cache."""
+        encoded; ``x`` may then be a merge still to run).  One sweep: each block is read from memory once, then
+        hit in cache."""
         src = x if addend is None else out
         n = x.size
         bits = np.empty((n + 7) // 8, np.uint8)
@@ -75,7 +79,7 @@ class OneBitCodec(Codec):
         for start in range(0, n, BLOCK):
             xc = src[start : start + BLOCK]
             if addend is not None:
-                np.add(x[start : start + BLOCK], addend[start : start + BLOCK], out=xc)
+                add_block(x, addend, start, start + xc.size, xc)
             m = xc.size
             b = mask[:m]
             np.less(xc, 0, out=b)

@@ -15,10 +15,12 @@ from .base import (
     SCATTER_BLOCK,
     Codec,
     Payload,
+    add_block,
     as_input,
     ascending_in_range,
     check_length,
     check_seed,
+    feedback_input,
     field,
     index_blocks,
     real_param,
@@ -281,6 +283,7 @@ class RandomKCodec(_SparseCodec):
     name = "randomk"
     ef_sound = True
     decodes_sparse = True
+    merges_in_encode = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -301,17 +304,17 @@ class RandomKCodec(_SparseCodec):
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """The sum, the sent values and the remainder block by block: each block's values are taken and
         cleared while the block just written is in cache (the same floats as adding, then taking them)."""
-        x = as_input(x)
+        x = feedback_input(x)
         n = x.size
         if residual.shape != x.shape or residual.dtype != np.float32 or n < 2 * SCATTER_BLOCK:
             return super().encode_feedback(x, residual, seed, out)
         seed = check_seed(seed)
         idx = random_indices(n, self.k(n), seed)
-        corrected = np.empty_like(x) if out is None else out
+        corrected = np.empty(n, np.float32) if out is None else out
         values = np.empty(idx.size, np.float32)
         for start, stop, entries in index_blocks(idx, n):
             c = corrected[start:stop]
-            np.add(x[start:stop], residual[start:stop], out=c)
+            add_block(x, residual, start, stop, c)
             at, v = idx[entries] - start, values[entries]
             np.take(c, at, out=v)
             c[at] -= v
