@@ -60,14 +60,11 @@ def handed_to_encode(attrs: Mapping[str, Any], readers: Sequence[Mapping[str, An
 
 
 def merges_in_encode(codec: Codec | type) -> bool:
-    """Whether ``codec``'s error-feedback encode takes a :class:`PendingMerge` as its input: the class that
-    defines its ``encode_feedback`` says so itself (``merges_in_encode = True``), so a subclass that overrides
-    the method without handling one is never handed one."""
+    """Whether ``codec``'s error-feedback encode takes a :class:`PendingMerge` as its input: it runs
+    ``encode_feedback`` (``ef_sound``; a contractive one runs another path) and that method is marked
+    :func:`primitives.codecs.base.merges_pending`, so an override that does not handle one is never handed one."""
     cls = codec if isinstance(codec, type) else type(codec)
-    for klass in cls.__mro__:
-        if "encode_feedback" in vars(klass):
-            return bool(vars(klass).get("merges_in_encode", False))
-    return False
+    return bool(cls.ef_sound and getattr(cls.encode_feedback, "merges_pending", False))
 
 
 class PendingMerge:

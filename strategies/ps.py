@@ -134,7 +134,7 @@ class ParameterServer(Strategy):
             return est.single(acc, n, K, pull)
         E, D = est.enc(codec, n), est.dec_merged(codec, n)
         Ep, Dp = est.enc(pull, n), est.dec(pull, n)
-        M = est.merge_decoded(n, N - 1, 1, codec)
+        M = est.merge_decoded(n, N - 1, 1, codec, encoded_by=pull)
         B, Bp = codec.compressed_nbytes(n), pull.compressed_nbytes(n)
         w = np.arange(N)
         hosts = np.unique(np.arange(K) % N)

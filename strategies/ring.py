@@ -116,7 +116,7 @@ class Ring(Strategy):
         if N == 1:
             return est.single(acc, n, K, codec)
         # a hop decodes into its merge with the local chunk; the owner and the all-gather decode outputs
-        E, D, M2 = est.enc(codec, n), est.dec(codec, n), est.merge_decoded(n, 1, 1, codec)
+        E, D, M2 = est.enc(codec, n), est.dec(codec, n), est.merge_decoded(n, 1, 1, codec, encoded_by=codec)
         Dm = est.dec_merged(codec, n)
         B = codec.compressed_nbytes(n)
         ring = np.arange(N)

@@ -16,6 +16,7 @@ import numpy as np
 from primitives import feedback
 from primitives.codecs import Codec
 from primitives.ir import Actor
+from primitives.merge import merges_in_encode
 from strategies import IDENTITY, get_strategy
 
 from ..sim.costmodel import ClusterModel, Profile
@@ -116,12 +117,15 @@ class Estimator:
         (``primitives.merge.Sparse``), as the simulator prices it (``casync.sim.optable.cost_key``)."""
         return self.profile.entries_s(str(codec), n) if codec.decodes_sparse else self.dec(codec, n)
 
-    def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec) -> float:
+    def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec, encoded_by: Codec | None = None) -> float:
         """Seconds to merge ``decoded`` payloads of ``codec`` with ``local`` dense inputs: a sparsifier's
-        entries are added at their indices, so only the dense inputs (at least one pass) count."""
-        if codec.decodes_sparse:
-            return self.profile.merge_s(n, merged_inputs(local, decoded))
-        return self.profile.merge_s(n, decoded + local)
+        entries are added at their indices, so only the dense inputs (at least one pass) count.
+        ``encoded_by``: the codec of the encode that alone reads the merge; where it has error feedback and
+        computes the merge as it adds its residual, one pass fewer (``casync.sim.optable.folded_merge``)."""
+        inputs = merged_inputs(local, decoded) if codec.decodes_sparse else decoded + local
+        if encoded_by is not None and feedback.resolve(encoded_by, self.error_feedback) and merges_in_encode(encoded_by):
+            inputs = max(0, inputs - 1)
+        return self.profile.merge_s(n, inputs)
 
     def slots(self, pattern: str, K: int) -> tuple[int, int]:
         """Transfer slots of a shifted exchange of ``K`` partitions (see :func:`casync.planner.slots.slots`)."""

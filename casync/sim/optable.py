@@ -27,7 +27,7 @@ import networkx as nx
 
 from primitives.codecs import codec_class
 from primitives.ir import OPS
-from primitives.merge import handed_to_merge
+from primitives.merge import handed_to_encode, handed_to_merge, merges_in_encode
 
 from ..schedule import hop_rounds
 
@@ -207,7 +207,8 @@ def entries_decodes(graph: nx.DiGraph) -> set[Any]:
 def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, entries: set[Any]) -> tuple | None:
     """What an op's compute cost depends on: ``(codec, elements charged, mode, merged inputs)``; None for
     sends and receives.  ``mode``: an encode's error feedback (bool), ``"entries"`` for a decode in
-    ``entries`` (:func:`entries_decodes`), else False.  A merge counts its inputs by :func:`merged_inputs`."""
+    ``entries`` (:func:`entries_decodes`), else False.  A merge counts its inputs by :func:`merged_inputs`,
+    one fewer where an encode computes it (:func:`folded_merge`)."""
     op = attrs["op"]
     if op == "encode":
         return (attrs["codec"], numel, bool(attrs.get("ef")), 0)
@@ -216,8 +217,21 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, en
     if op == "merge":
         preds = graph._pred[node]
         sparse = sum(1 for u in preds if u in entries) if entries else 0
-        return (None, numel, False, merged_inputs(len(preds) - sparse + (1 if attrs.get("local_input") else 0), sparse))
+        inputs = merged_inputs(len(preds) - sparse + (1 if attrs.get("local_input") else 0), sparse)
+        return (None, numel, False, max(0, inputs - 1) if folded_merge(graph, node, attrs) else inputs)
     return None
+
+
+def folded_merge(graph: nx.DiGraph, node: Any, attrs: dict[str, Any]) -> bool:
+    """Whether the per-rank executor hands this merge to the error-feedback encode that reads it, which
+    computes it as it adds its residual (:func:`primitives.merge.handed_to_encode` and
+    :func:`primitives.merge.merges_in_encode`): the merged tensor is never written and read back, so the
+    merge is charged one input pass fewer."""
+    readers = [graph.nodes[v] for v in graph._succ[node]]
+    if not handed_to_encode(attrs, readers):
+        return False
+    cls = codec_class(readers[0]["codec"])
+    return cls is not None and merges_in_encode(cls)
 
 
 def merged_inputs(dense: int, entries: int) -> int:

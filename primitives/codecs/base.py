@@ -9,7 +9,7 @@ import math
 import numbers
 import threading
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, TypeVar
 
 import numpy as np
 
@@ -19,6 +19,16 @@ Payload = dict[str, np.ndarray]
 def payload_nbytes(payload: Payload) -> int:
     """Bytes a payload occupies on the wire (sum of its arrays' buffers)."""
     return int(sum(a.nbytes for a in payload.values()))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def merges_pending(encode_feedback: F) -> F:
+    """Mark an ``encode_feedback`` that takes a merge still to run as ``x`` (``primitives.merge.PendingMerge``):
+    the per-rank executor hands one only to a method so marked (``primitives.merge.merges_in_encode``)."""
+    encode_feedback.merges_pending = True  # type: ignore[attr-defined]
+    return encode_feedback
 
 
 class Codec(ABC):
@@ -123,9 +133,7 @@ class Codec(ABC):
         np.subtract(x, self.decode(payload, x.size), out=x)
         return payload
 
-    #: this class's encode_feedback takes a merge still to run as ``x`` (see there)
-    merges_in_encode = True
-
+    @merges_pending
     def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """One error-feedback encode: the payload of ``x + residual`` and what it does not carry (the next
@@ -133,9 +141,9 @@ class Codec(ABC):
         buffer) or a fresh array.  The default adds, then :meth:`encode_keep_error`; a codec may fuse the add
         into its own sweep, with the same floats.
 
-        ``x`` may be a merge still to run (``primitives.merge.PendingMerge``) where the class that defines this
-        method sets ``merges_in_encode``: read it with :func:`feedback_input`, :func:`add_block` and
-        :func:`summed`, which compute its blocks as they add."""
+        ``x`` may be a merge still to run (``primitives.merge.PendingMerge``) where this method is marked
+        :func:`merges_pending` (an override is not, unless marked too): read it with :func:`feedback_input`,
+        :func:`add_block` and :func:`summed`, which compute its blocks as they add."""
         corrected = summed(x, residual, out)
         return self.encode_keep_error(corrected, seed), corrected
 

@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from .base import BLOCK, Codec, Payload, add_block, as_input, check_length, feedback_input, field, scratch
+from .base import BLOCK, Codec, Payload, add_block, as_input, check_length, feedback_input, field, merges_pending, scratch
 
 
 class NoneCodec(Codec):
@@ -45,8 +45,6 @@ class FP16Codec(Codec):
     name = "fp16"
     ef_sound = True
     decodes_in_blocks = True
-    merges_in_encode = True
-
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
         return {"values": cast(x, np.empty(x.size, np.float16))}
@@ -61,6 +59,7 @@ class FP16Codec(Codec):
         as_input(x)  # validates; the remainder is written into x itself, strided or not
         return self._sweep(x, None, x)
 
+    @merges_pending
     def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """The default's floats in one sweep: each block of ``x + residual`` is cast, cast back and subtracted

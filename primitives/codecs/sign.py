@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from .base import (BLOCK, Codec, Payload, add_block, as_input, block_sum, check_length, expand_packed,
-                   feedback_input, field, scratch)
+                   feedback_input, field, merges_pending, scratch)
 
 # BLOCK: the encoder's four cheap passes measured best at half the library's CHUNK (about 10% faster than
 # 2 MiB blocks at 25M floats).
@@ -54,8 +54,7 @@ class OneBitCodec(Codec):
         _subtract_decoded(x, payload)
         return payload
 
-    merges_in_encode = True
-
+    @merges_pending
     def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         x = feedback_input(x)

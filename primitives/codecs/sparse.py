@@ -23,6 +23,7 @@ from .base import (
     feedback_input,
     field,
     index_blocks,
+    merges_pending,
     real_param,
     scattered,
     scratch,
@@ -283,8 +284,6 @@ class RandomKCodec(_SparseCodec):
     name = "randomk"
     ef_sound = True
     decodes_sparse = True
-    merges_in_encode = True
-
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
         seed = check_seed(seed)
@@ -300,6 +299,7 @@ class RandomKCodec(_SparseCodec):
         x[idx] -= values
         return {"seed": np.array([seed], np.uint64), "values": values}
 
+    @merges_pending
     def encode_feedback(self, x: np.ndarray, residual: np.ndarray, seed: int = 0,
                         out: np.ndarray | None = None) -> tuple[Payload, np.ndarray]:
         """The sum, the sent values and the remainder block by block: each block's values are taken and

@@ -137,8 +137,9 @@ def test_simulator_names_broken_graphs():
                                                                 ("ring", {}, 1, 1), ("ps", {"servers": 2}, 4, 0)])
 def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw, sparse_inputs, local):
     """As the per-rank executor runs it (primitives.merge.Sparse): a topk decode whose only reader is a merge
-    costs its entries, the merge only its dense inputs (one pass at least); output decodes stay whole."""
-    from casync.sim.optable import DECODE, MERGE
+    costs its entries, the merge only its dense inputs (one pass at least, one fewer where an encode computes
+    it: see the next test); output decodes stay whole."""
+    from casync.sim.optable import DECODE, MERGE, folded_merge
 
     plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec="topk:ratio=0.1", **kw)
     dense = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec="onebit", **kw)
@@ -148,16 +149,45 @@ def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw
         a = graph.nodes[name]
         if table.kind[i] == DECODE:
             assert table.cost[i][2] == (False if a.get("output") else "entries"), name
-        if table.kind[i] == MERGE:
-            assert table.cost[i][3] == max(1, local), name  # every case here merges sparse inputs
+        if table.kind[i] == MERGE:  # every case here merges sparse inputs
+            assert table.cost[i][3] == max(1, local) - folded_merge(graph, name, a), name
     assert {c[2] for k, c in zip(plain.kind, plain.cost) if k == DECODE} == {False}  # onebit: whole decodes
-    assert max(c[3] for k, c in zip(plain.kind, plain.cost) if k == MERGE) == sparse_inputs + local
+    assert max(c[3] + folded_merge(dense.graph, n, dense.graph.nodes[n])
+               for n, k, c in zip(plain.names, plain.kind, plain.cost) if k == MERGE) == sparse_inputs + local
     profile = Profile.default()
     durations = table.durations(profile)
     for i, key in enumerate(table.cost):
         if table.kind[i] == DECODE:
             price = profile.entries_s if key[2] == "entries" else profile.decode_s
             assert durations[i] == price(key[0], key[1])
+
+
+@pytest.mark.parametrize("strategy,kw,codec,folded", [
+    ("ring", {}, "onebit", True), ("ring", {}, "randomk:ratio=0.1", True), ("ps", {"two_way": True}, "topk:ratio=0.1", True),
+    ("ps", {"two_way": True}, "fp16", True), ("ps", {"two_way": False}, "onebit", False),
+    ("allgather", {}, "onebit", False), ("ring", {}, "none", False), ("ring", {"error_feedback": False}, "onebit", False),
+    ("ring", {}, "terngrad", False)])
+def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, codec, folded):
+    """The executor hands a merge to the error-feedback encode that alone reads it (primitives.merge.PendingMerge)
+    where the codec computes it as it adds its residual: the simulator charges such a merge one input fewer,
+    and only those. ps one-way's pull and codec none have no error feedback; allgather's merges are outputs;
+    terngrad's error feedback is its contractive encode, which takes whole inputs."""
+    from casync.sim.optable import MERGE, entries_decodes, folded_merge, merged_inputs
+    from primitives.merge import handed_to_encode
+
+    plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec=codec, **kw)
+    graph, table, entries = plan.graph, OpTable.from_graph(plan.graph), entries_decodes(plan.graph)
+    merges = [i for i, k in enumerate(table.kind) if k == MERGE]
+    assert merges
+    for i in merges:
+        name = table.names[i]
+        a = graph.nodes[name]
+        readers = [graph.nodes[v] for v in graph.successors(name)]
+        assert folded_merge(graph, name, a) is folded, name
+        assert handed_to_encode(a, readers) is (folded or codec == "terngrad"), name
+        sparse = sum(1 for u in graph._pred[name] if u in entries)
+        whole = merged_inputs(len(graph._pred[name]) - sparse + bool(a.get("local_input")), sparse)
+        assert table.cost[i][3] == (whole - 1 if folded else whole), name
 
 
 def test_a_profile_without_entries_prices_them_as_decodes():
