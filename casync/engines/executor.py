@@ -29,7 +29,7 @@ import heapq
 import queue
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
@@ -73,8 +73,10 @@ class RankExecutor:
 
     def __init__(self, share: ActorShare, codecs: Mapping[str, Codec], plan_seed: int,
                  partitions: Mapping[str, list[tuple[int, int]]], channel: Channel, timeout_s: float = 60.0,
-                 compute_threads: int = 1):
+                 compute_threads: int = 1, overwritable: Collection[str] = ()):
         self.share = share
+        #: buckets whose results may be written over their gradient (casync.engines.in_place; see provide)
+        self.overwritable = frozenset(overwritable)
         self.compute_threads = check_compute_threads(compute_threads, share.actor)
         self.codecs = dict(codecs)
         self.plan_seed = plan_seed
@@ -189,12 +191,31 @@ class RankExecutor:
                                  f"({n},), got {getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}")
         return dict(out)
 
-    def provide(self, bucket: str, flat: np.ndarray, flagged: set[tuple[str, int]] | None = None) -> None:
+    def provide(self, bucket: str, flat: np.ndarray, flagged: set[tuple[str, int]] | None = None,
+                results_here: bool = False) -> None:
         """This actor's gradient of ``bucket`` (a flat float32 buffer, not modified); ``flagged``: its
-        (bucket, partition) pairs that hold NaN/Inf (the scan's), whose encodes carry them on the side."""
+        (bucket, partition) pairs that hold NaN/Inf (the scan's), whose encodes carry them on the side.
+
+        ``results_here``: write the bucket's results into ``flat`` itself, this step, each partition after the
+        last read of its gradient (a DDP bucket buffer: no copy back).  Only for the buckets in
+        :attr:`overwritable`, where the plan orders every read before the writes; a step that fails leaves
+        ``flat`` part gradient, part result."""
+        if results_here:
+            n = self._result_sizes().get(bucket)
+            if bucket not in self.overwritable:
+                raise ValueError(f"{self.actor}: the results of bucket {bucket!r} cannot be written over its gradient: "
+                                 f"the plan does not read every partition before writing its result "
+                                 f"(allowed: {sorted(self.overwritable)})")
+            if not (isinstance(flat, np.ndarray) and flat.dtype == np.float32 and flat.shape == (n,)
+                    and flat.flags.c_contiguous and flat.flags.writeable):
+                raise ValueError(f"{self.actor}: results_here needs a writeable contiguous float32 gradient of shape "
+                                 f"({n},) for bucket {bucket!r}, got {getattr(flat, 'dtype', type(flat).__name__)} "
+                                 f"{getattr(flat, 'shape', '')}")
         with self._cond:
             if bucket in self._grads:
                 raise SyncError(f"{self.actor}: gradient of bucket {bucket!r} provided twice in step {self._step}")
+            if results_here:  # before any of the bucket's writers can run: each waits for a read of flat
+                self._results[bucket] = flat
             self._grads[bucket] = flat
             self._flagged |= set(flagged or ())
             for index in self.share.local.get(bucket, ()):

@@ -82,6 +82,7 @@ class _Entry:
     offsets: list[int]  # element offset of each parameter in DDP's buffer
     bucket: str | None = None  # the plan bucket when DDP's buffer is exactly it
     lend: bool = False  # the result may be the runner's buffer itself (:func:`_lent`)
+    here: np.ndarray | None = None  # DDP's buffer as the gradient the runner writes the results into
 
 
 @dataclass
@@ -224,8 +225,11 @@ class HookSession:
         exact = self.exact.get(tuple(names))
         if exact is not None and offsets == self._member_offsets(exact) and flat.size == state.plan.bucket(exact).numel:
             entry.bucket = exact
-            entry.lend = _in_place(buffer) and not _grads_are_views(bucket, buffer, list(bucket.parameters()))
-            runner.provide(exact, flat)
+            if _in_place(buffer) and exact in runner.overwritable:  # results written into DDP's buffer: no copy
+                entry.here = flat
+            else:
+                entry.lend = _in_place(buffer) and not _grads_are_views(bucket, buffer, list(bucket.parameters()))
+            runner.provide(exact, flat, results_here=entry.here is not None)
         else:
             for name, offset in zip(names, offsets):
                 target, start, numel = self.where[name]
@@ -284,6 +288,7 @@ class HookSession:
             state.runner.commit(outcome)
         state.iter = ctx.step + 1
         self.stats = {"step": ctx.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
+                      "in_place": sum(1 for e in ctx.entries if e.here is not None),
                       "skipped": outcome.skipped, "nonfinite": outcome.nonfinite}
         with ctx.lock:
             for entry in ctx.entries:
@@ -292,7 +297,10 @@ class HookSession:
 
     def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:
         if entry.bucket is not None:
-            return (_lent if entry.lend else _back)(outcome.results[entry.bucket], entry.like)
+            result = outcome.results[entry.bucket]
+            if result is entry.here:  # (a skipped step's zeros are arrays of their own)
+                return entry.like
+            return (_lent if entry.lend else _back)(result, entry.like)
         like = entry.like
         out = like.detach().view(-1).numpy() if _in_place(like) else np.empty(like.numel(), np.float32)
         out.fill(0.0)  # what lies between DDP's gradient views

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from ..engines.executor import RankExecutor
+from ..engines.in_place import results_over_gradients
 from ..engines.nonfinite import NonFiniteReport, layouts, scan_worker
 from ..errors import NonFiniteGradientError, PlanMismatchError, ReplicaMismatchError, SyncError, SyncTimeoutError
 from ..plan.syncplan import SyncPlan
@@ -126,7 +127,8 @@ class PlanRunner:
         partitions = {b.name: list(b.partitions) for b in plan.buckets}
         channel = group.channel(plan, names)
         self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s,
-                                     compute_threads=compute_threads)
+                                     compute_threads=compute_threads,
+                                     overwritable=results_over_gradients(plan, self.actor))
         self.layouts = {lay.name: lay for lay in layouts(plan)}
         # the steps' result buffers, reused: every caller copies a step's results away before the next begins
         # (the hook into DDP's buckets, the optimizer into .grad, TorchDistEngine down its pipe)
@@ -152,14 +154,21 @@ class PlanRunner:
             raise self.broken from exc
         self.step, self._reports = step, []
 
-    def provide(self, bucket: str, flat: np.ndarray) -> None:
-        """This rank's gradient of plan bucket ``bucket`` (flat float32, read until the step ends)."""
+    def provide(self, bucket: str, flat: np.ndarray, results_here: bool = False) -> None:
+        """This rank's gradient of plan bucket ``bucket`` (flat float32, read until the step ends);
+        ``results_here``: the step's results of the bucket are written into ``flat`` (see
+        ``RankExecutor.provide``; for the buckets in :attr:`overwritable`)."""
         flagged: set[tuple[str, int]] = set()
         layout = self.layouts.get(bucket)
         if layout is not None and self.rank >= 0:
             found, flagged = scan_worker([layout], self.rank, {bucket: flat})
             self._reports.extend(found)
-        self.executor.provide(bucket, flat, flagged)
+        self.executor.provide(bucket, flat, flagged, results_here)
+
+    @property
+    def overwritable(self) -> frozenset[str]:
+        """The plan buckets whose results may be written over their gradient (``provide(results_here=True)``)."""
+        return self.executor.overwritable
 
     def run(self, vote: bool = True) -> StepOutcome:
         """Run the open step's ops to the end in this thread (they start once :meth:`provide` hands their

@@ -9,6 +9,7 @@ import pytest
 
 import casync
 from casync.engines.executor import RankExecutor
+from casync.engines.in_place import results_over_gradients
 from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import layouts, scan_worker
 from casync.errors import SyncError, SyncTimeoutError
@@ -25,12 +26,14 @@ def executors(plan, hub, timeout_s=10.0, compute_threads=1):
     shares = actor_shares(plan)
     parts = {b.name: list(b.partitions) for b in plan.buckets}
     return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, hub.channel(a), timeout_s,
-                            compute_threads=compute_threads) for a in plan.actors}
+                            compute_threads=compute_threads, overwritable=results_over_gradients(plan, a))
+            for a in plan.actors}
 
 
-def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None):
+def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None, here=False):
     """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others;
-    ``out``: per actor, the result buffers to write into (copied away after the step, as callers do)."""
+    ``out``: per actor, the result buffers to write into (copied away after the step, as callers do);
+    ``here``: each worker's results are written over the gradients it provides (``flats``, then overwritten)."""
     got, errors = {}, {}
     lay = layouts(plan)
 
@@ -46,10 +49,12 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, 
                 for bucket in early + list(late):
                     if bucket in late and delay:
                         threading.Timer(delay, ex.provide, (bucket, flats[who.index][bucket],
-                                                            {f for f in flagged if f[0] == bucket})).start()
+                                                            {f for f in flagged if f[0] == bucket}, here)).start()
                     else:
-                        ex.provide(bucket, flats[who.index][bucket], {f for f in flagged if f[0] == bucket})
+                        ex.provide(bucket, flats[who.index][bucket], {f for f in flagged if f[0] == bucket}, here)
             results, res, _ = ex.finish()
+            if here and who.is_worker:
+                assert all(results[b] is flats[who.index][b] for b in results)
             if out is not None:
                 assert all(results[b] is out[actor][b] for b in results)
                 results = {b: r.copy() for b, r in results.items()}
@@ -113,6 +118,39 @@ def check_hub_against_local_engine(plan, compute_threads, steps=3, make=None):
     mine = {k: v for r in residuals.values() for k, v in r.items()}
     assert mine.keys() == reference.state.residuals.keys()
     assert all(same_bits(v, reference.state.residuals[k]) for k, v in mine.items())
+
+
+@pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", servers=2),
+                                dict(strategy="ps", two_way=False)], ids=["ring", "ps", "ps-servers", "ps-oneway"])
+@pytest.mark.parametrize("codec", ["none", "onebit", "topk:ratio=0.2", "randomk:ratio=0.2"])
+@pytest.mark.parametrize("compute_threads", [1, 3])
+def test_results_written_over_the_gradients_are_local_engines(kw, codec, compute_threads):
+    """As the DDP hook runs with DDP's bucket buffers: each worker's results are written over the gradient it
+    provided, and no write overtakes a read of the same partition (three steps, one bucket provided late)."""
+    plan = casync.build_plan(SHAPES, workers=3, codec=codec, partitions=2, bucket_bytes=600, **kw)
+    reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
+    execs, residuals = executors(plan, hub, compute_threads=compute_threads), {a: {} for a in plan.actors}
+    assert all(execs[f"worker:{w}"].overwritable == {b.name for b in plan.buckets} for w in range(3))
+    for step in range(3):
+        flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
+        want = reference.run_flat([{b: f.copy() for b, f in flat.items()} for flat in flats])
+        got, errors = run_step(plan, execs, residuals, step, flats, late=[plan.buckets[0].name], delay=0.05,
+                               here=True)
+        assert not errors, errors
+        for w in range(3):
+            for bucket in want[w]:
+                assert same_bits(flats[w][bucket], want[w][bucket]), f"step {step} worker {w} {bucket}"
+
+
+def test_results_are_not_written_over_a_gradient_the_plan_reads_while_writing():
+    """All-gather's output merge reads the gradient it would overwrite: refused, naming the bucket."""
+    plan = casync.build_plan(SHAPES, workers=3, codec="onebit", partitions=2, bucket_bytes=600, strategy="allgather")
+    ex = executors(plan, LocalHub(timeout_s=10))["worker:0"]
+    assert ex.overwritable == frozenset()
+    bucket = plan.buckets[0]
+    ex.begin(0, {})
+    with pytest.raises(ValueError, match=f"worker:0.*{bucket.name}.*cannot be written over its gradient"):
+        ex.provide(bucket.name, np.zeros(bucket.numel, np.float32), results_here=True)
 
 
 @pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])

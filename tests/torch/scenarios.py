@@ -62,7 +62,8 @@ def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5,
             seen.append({n: p.grad.cpu().numpy().copy() if kind == torch.float32 else p.grad.float().cpu().numpy()
                          for n, p in model.module.named_parameters()})
         out.append({"grads": seen, "plan": state.plan.to_dict(), "compressing_from": 2,
-                    "buckets": len(state.plan.buckets), "iteration": state.iter})
+                    "buckets": len(state.plan.buckets), "iteration": state.iter,
+                    "in_place": state.session.stats["in_place"]})
     return out
 
 

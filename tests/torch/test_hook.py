@@ -15,7 +15,9 @@ EXTRA = [dict(strategy="ring", codec="onebit", min_compress_bytes=10_000),  # sm
          dict(strategy="ps", codec="onebit", compute_threads=2),  # ops at once on a rank: the same floats
          dict(strategy="ring", codec="topk:ratio=0.1", compute_threads=3),
          # DDP's .grad as views into its bucket buffers (as the benchmarks run it), which the hook writes into
-         dict(strategy="allgather", codec="onebit", gradient_as_bucket_view=True)]
+         dict(strategy="allgather", codec="onebit", gradient_as_bucket_view=True),
+         dict(strategy="ps", codec="topk:ratio=0.1", gradient_as_bucket_view=True),
+         dict(strategy="ring", codec="none", gradient_as_bucket_view=True)]
 
 
 def _reference(plan_data: dict, world: int, start: int, steps: int) -> list[list[dict]]:
@@ -40,6 +42,13 @@ def test_hook_is_bit_identical_to_local_engine():
             assert len(plan.buckets) == 2 and {b.strategy for b in plan.buckets} == {config["strategy"]}
         if "min_compress_bytes" in config:
             assert sorted(b.codec.name for b in plan.buckets) == ["none", "onebit"]
+        # ring and PS write each result over its gradient in DDP's buffer (no copy back); all-gather's output
+        # merge reads the gradient it would overwrite, so it writes a buffer of its own and copies
+        in_place = {run["in_place"] for run in runs}
+        if config["strategy"] in ("ring", "ps"):
+            assert in_place == {2}, config
+        elif config["strategy"] == "allgather":
+            assert in_place == {0}, config
         start = runs[0]["compressing_from"]
         for step in range(start):  # DDP's first iterations: uncompressed all-reduce, the exact mean
             exact = {n: np.mean([g[n] for g in step_grads(world, step)], axis=0) for n in SHAPES}
