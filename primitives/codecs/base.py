@@ -62,7 +62,8 @@ class Codec(ABC):
     **Fused paths.**  A codec may override :meth:`encode_keep_error`, :meth:`encode_feedback`,
     :meth:`decode_into` and :meth:`decode_block` with faster versions that give the same floats.  A subclass
     that overrides ``encode`` or ``decode`` of such a codec gets the plain versions back (which call its own
-    ``encode`` and ``decode``), unless it defines the fused ones itself.
+    ``encode`` and ``decode``), unless it defines the fused ones itself.  An ``encode_feedback`` marked
+    :func:`merges_pending` is also handed merges still to run (see there); an unmarked override never is.
     """
 
     name: ClassVar[str] = ""
