@@ -33,7 +33,7 @@ from primitives.ir import COMPUTE_OPS
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
 from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
-from ..sim.optable import KINDS, cost_key, entries_decodes, op_seconds
+from ..sim.optable import KINDS, cost_key, entries_decodes, folded_merge, op_seconds
 
 
 @dataclass
@@ -86,9 +86,15 @@ def _predicted_op_s(graph: Any, node: Any, profile: Profile, entries: set[Any]) 
 def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any, profile: Profile,
                  entries: set[Any]) -> None:
     """Add a compute op's measured seconds (its CPU where recorded, else its wall) and its profiled seconds to
-    the totals of its kind (``merge``, or ``<op>:<codec name>``)."""
+    the totals of its kind (``merge``, or ``<op>:<codec name>``).  A merge its encode computes
+    (``casync.sim.optable.folded_merge``) counts with that encode, whose record carries its work."""
     attrs = graph.nodes[row["node"]]
-    key = "merge" if row["op"] == "merge" else f"{row['op']}:{attrs['codec'].split('(', 1)[0]}"
+    if row["op"] != "merge":
+        key = f"{row['op']}:{attrs['codec'].split('(', 1)[0]}"
+    elif folded_merge(graph, row["node"], attrs):
+        key = f"encode:{graph.nodes[next(iter(graph.successors(row['node'])))]['codec'].split('(', 1)[0]}"
+    else:
+        key = "merge"
     total = totals.setdefault(key, [0.0, 0.0])
     total[0] += row["cpu"] if row.get("cpu") is not None else row["end"] - row["start"]
     total[1] += _predicted_op_s(graph, row["node"], profile, entries)

@@ -213,3 +213,29 @@ def test_calibration_prices_ops_as_the_simulator_does():
         if a["op"] in ("encode", "decode", "merge"):
             want = op_seconds(profile, KINDS.index(a["op"]), cost_key(graph, n, a, a["numel"], entries), False)
             assert _predicted_op_s(graph, n, profile, entries) == want
+
+
+@pytest.mark.parametrize("strategy,kw", [("ring", {}), ("ps", {"two_way": True}), ("allgather", {})])
+def test_calibration_counts_a_merge_its_encode_computes_with_that_encode(strategy, kw):
+    """The encode's record carries a folded merge's work, so calibration adds the merge's measured and profiled
+    seconds to the encode's kind: the merge scale is fitted on merges that ran as merges only."""
+    from casync.runtime.calibrate import _add_op_time, _predicted_op_s
+    from casync.sim.optable import entries_decodes, folded_merge
+
+    plan = casync.build_plan({"w": (4000,), "b": (10,)}, workers=3, strategy=strategy, codec="onebit", **kw)
+    graph, profile = plan.graph, Profile.default()
+    entries = entries_decodes(graph)
+    totals: dict[str, list[float]] = {}
+    expected: dict[str, list[float]] = {}
+    for n, a in graph.nodes(data=True):
+        if a["op"] not in ("encode", "decode", "merge"):
+            continue
+        _add_op_time(totals, {"op": a["op"], "node": n, "cpu": 1e-3, "start": 0.0, "end": 1.0}, graph, profile, entries)
+        folded = a["op"] == "merge" and folded_merge(graph, n, a)
+        key = "encode:onebit" if folded or a["op"] == "encode" else ("merge" if a["op"] == "merge" else "decode:onebit")
+        got = expected.setdefault(key, [0.0, 0.0])
+        got[0] += 1e-3
+        got[1] += _predicted_op_s(graph, n, profile, entries)
+    assert totals.keys() == expected.keys() and ("merge" in totals) == (strategy == "allgather")
+    for key, (measured, predicted) in expected.items():
+        assert totals[key][0] == pytest.approx(measured) and totals[key][1] == pytest.approx(predicted), key
