@@ -105,8 +105,8 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
     decode's only reader is a merge; where the codec decodes in blocks, the decode becomes a
     :class:`Deferred` that the merge expands block by block, and where it decodes to a few entries, a
     :class:`Sparse` that the merge adds at their indices.  For a merge, that its only reader is an
-    error-feedback encode: it becomes a :class:`PendingMerge` that the encode computes (see :func:`run_encode`).  ``spares``: recycled residual buffers for the
-    encodes (see :func:`run_encode`).
+    error-feedback encode: it becomes a :class:`PendingMerge` that the encode computes (see :func:`run_encode`).
+    ``spares``: recycled residual buffers for the encodes (see :func:`run_encode`).
     """
     op = attrs["op"]
     if op == "encode":

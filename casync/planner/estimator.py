@@ -117,13 +117,15 @@ class Estimator:
         (``primitives.merge.Sparse``), as the simulator prices it (``casync.sim.optable.cost_key``)."""
         return self.profile.entries_s(str(codec), n) if codec.decodes_sparse else self.dec(codec, n)
 
-    def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec, encoded_by: Codec | None = None) -> float:
+    def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec,
+                      encoded_by: Codec | None = None) -> float:
         """Seconds to merge ``decoded`` payloads of ``codec`` with ``local`` dense inputs: a sparsifier's
         entries are added at their indices, so only the dense inputs (at least one pass) count.
         ``encoded_by``: the codec of the encode that alone reads the merge; where it has error feedback and
         computes the merge as it adds its residual, one pass fewer (``casync.sim.optable.folded_merge``)."""
         inputs = merged_inputs(local, decoded) if codec.decodes_sparse else decoded + local
-        if encoded_by is not None and feedback.resolve(encoded_by, self.error_feedback) and merges_in_encode(encoded_by):
+        folds = encoded_by is not None and merges_in_encode(encoded_by)
+        if folds and feedback.resolve(encoded_by, self.error_feedback):
             inputs = max(0, inputs - 1)
         return self.profile.merge_s(n, inputs)
 

@@ -7,7 +7,8 @@ import warnings
 
 import numpy as np
 
-from .base import BLOCK, Codec, Payload, add_block, as_input, check_length, feedback_input, field, merges_pending, scratch
+from .base import (BLOCK, Codec, Payload, add_block, as_input, check_length, feedback_input, field, merges_pending,
+                   scratch)
 
 
 class NoneCodec(Codec):

@@ -163,10 +163,10 @@ def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw
 
 
 @pytest.mark.parametrize("strategy,kw,codec,folded", [
-    ("ring", {}, "onebit", True), ("ring", {}, "randomk:ratio=0.1", True), ("ps", {"two_way": True}, "topk:ratio=0.1", True),
-    ("ps", {"two_way": True}, "fp16", True), ("ps", {"two_way": False}, "onebit", False),
-    ("allgather", {}, "onebit", False), ("ring", {}, "none", False), ("ring", {"error_feedback": False}, "onebit", False),
-    ("ring", {}, "terngrad", False)])
+    ("ring", {}, "onebit", True), ("ring", {}, "randomk:ratio=0.1", True),
+    ("ps", {"two_way": True}, "topk:ratio=0.1", True), ("ps", {"two_way": True}, "fp16", True),
+    ("ps", {"two_way": False}, "onebit", False), ("allgather", {}, "onebit", False), ("ring", {}, "none", False),
+    ("ring", {"error_feedback": False}, "onebit", False), ("ring", {}, "terngrad", False)])
 def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, codec, folded):
     """The executor hands a merge to the error-feedback encode that alone reads it (primitives.merge.PendingMerge)
     where the codec computes it as it adds its residual: the simulator charges such a merge one input fewer,
