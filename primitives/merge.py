@@ -133,26 +133,14 @@ def _length(x: Input) -> int:
 
 
 def _merge_blocks(inputs: Sequence[np.ndarray | Deferred], divisor: int, out: np.ndarray | None) -> np.ndarray:
-    """:func:`run_merge` block by block, decoding :class:`Deferred` inputs one cache-sized block at a time:
-    the same additions in the same order, so the same floats."""
+    """:func:`run_merge` block by block (:meth:`PendingMerge.into`), decoding :class:`Deferred` inputs one
+    cache-sized block at a time: the same additions in the same order, so the same floats."""
     n = _length(inputs[0])
     acc = np.empty(n, np.float32) if out is None else out
-    bufs = [scratch(f"merge{i}", np.float32, min(n, BLOCK)) if isinstance(x, Deferred) else None
-            for i, x in enumerate(inputs)]
-    with np.errstate(invalid="ignore"):
-        for start in range(0, n, BLOCK):
-            stop = min(n, start + BLOCK)
-            blocks = [x.codec.decode_block(x.payload, x.n, start, stop, bufs[i][: stop - start])
-                      if isinstance(x, Deferred) else x[start:stop] for i, x in enumerate(inputs)]
-            a = acc[start:stop]
-            if len(blocks) == 1:
-                np.copyto(a, blocks[0])
-            else:
-                np.add(blocks[0], blocks[1], out=a, dtype=np.float32)
-                for b in blocks[2:]:
-                    np.add(a, b, out=a)
-            if divisor != 1:
-                np.divide(a, np.float32(divisor), out=a)
+    pending = PendingMerge(inputs, divisor, n)
+    for start in range(0, n, BLOCK):
+        stop = min(n, start + BLOCK)
+        pending.into(start, stop, acc[start:stop])
     return acc
 
 
