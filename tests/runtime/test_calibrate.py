@@ -85,8 +85,12 @@ def test_a_calibrated_runtime_slows_ops_adds_task_gaps_and_hop_latency():
 
 
 def test_fit_runtime_reads_measured_timelines(ray_local):
-    plans = [casync.build_plan([("a", (300_000,)), ("b", (200_000,))], workers=2, strategy=s, codec=c)
+    # two buckets: each actor starts with two tasks whose only input is its own gradient, so every step has
+    # a task gap whatever the timing (with one bucket a loaded machine could leave none to fit)
+    plans = [casync.build_plan([("a", (300_000,)), ("b", (200_000,))], workers=2, strategy=s, codec=c,
+                               bucket_bytes=1 << 20)
              for s, c in (("ring", "onebit"), ("allgather", "topk:ratio=0.01"))]
+    assert all(len(p.buckets) == 2 for p in plans)
     runs = [(p, measure_timelines(p, iters=3)) for p in plans]
     for plan, steps in runs:
         assert len(steps) == 3 and all(sync_span(rows) > 0 for rows in steps)
