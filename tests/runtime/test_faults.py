@@ -18,6 +18,7 @@ SHAPES = {"w": (30_000,), "b": (300,), "s": ()}
 STEPS = 4
 FAULT_STEP = 2
 TIMEOUT_S = 20.0
+STALL_TIMEOUT_S = 10.0  # the stall test waits this out in full: a shorter engine timeout, same check
 SLACK_S = 10.0  # detection and teardown on a busy 2-core machine
 
 
@@ -55,13 +56,13 @@ def _assert_same(out, expected, workers):
             np.testing.assert_array_equal(out[w][name], expected[w][name], err_msg=f"worker {w} {name}")
 
 
-def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread"):
+def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread", timeout_s=TIMEOUT_S):
     """Steps up to FAULT_STEP, a checkpoint, the fault while step FAULT_STEP is in flight, then a rebuilt engine
     resumes from the checkpoint; everything is compared with a run that had no fault."""
     steps = [make_grads(SHAPES, plan.workers, seed=s) for s in range(STEPS)]
     expected, expected_state = _reference(plan, steps)
     baseline_actors, baseline_pgs = faultkit.alive_actors(), faultkit.live_placement_groups()
-    engine = RayEngine(plan, timeout_s=TIMEOUT_S, placement=placement)
+    engine = RayEngine(plan, timeout_s=timeout_s, placement=placement)
     try:
         placed = engine.actor_nodes()  # asked now: once paused, the actors are busy and cannot answer
         for s in range(FAULT_STEP):
@@ -72,13 +73,13 @@ def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread"
         with pytest.raises(expect) as error:
             engine.sync(steps[FAULT_STEP])
         elapsed = time.monotonic() - info["t_fault"]
-        assert elapsed < TIMEOUT_S + SLACK_S, f"{type(error.value).__name__} took {elapsed:.1f}s after the fault"
+        assert elapsed < timeout_s + SLACK_S, f"{type(error.value).__name__} took {elapsed:.1f}s after the fault"
         with pytest.raises(casync.SyncError, match="unusable"):  # a broken engine says so, it does not hang
             engine.sync(steps[FAULT_STEP])
     finally:
         gate.unlink(missing_ok=True)
         engine.close()
-    with RayEngine(plan, timeout_s=TIMEOUT_S, placement=placement) as fresh:
+    with RayEngine(plan, timeout_s=timeout_s, placement=placement) as fresh:
         fresh.load_state_dict(checkpoint)
         for s in range(FAULT_STEP, STEPS):
             _assert_same(fresh.sync(steps[s]), expected[s], plan.workers)
@@ -119,9 +120,10 @@ def test_stalled_sync_times_out(fault_cluster, tmp_path):
     gate = tmp_path / "gate"
     plan = casync.build_plan(SHAPES, workers=2, strategy="allgather", codec=faultkit.GatedOneBit(str(gate)))
     started = time.monotonic()
-    error = _run_with_fault(plan, gate, lambda engine, _: None, casync.SyncTimeoutError, release=False)
-    assert "timeout_s=20" in str(error) and isinstance(error, TimeoutError)
-    assert time.monotonic() - started >= TIMEOUT_S
+    error = _run_with_fault(plan, gate, lambda engine, _: None, casync.SyncTimeoutError, release=False,
+                            timeout_s=STALL_TIMEOUT_S)
+    assert "timeout_s=10" in str(error) and isinstance(error, TimeoutError)
+    assert time.monotonic() - started >= STALL_TIMEOUT_S
 
 
 def test_node_removed_mid_sync(fault_cluster, tmp_path):

@@ -42,11 +42,12 @@ def settle(probe, target: int, seconds: float = 10.0) -> int:
 
 
 def test_open_close_cycles_leave_nothing(ray_local):
-    """10 cycles here (each starts fresh actor processes: seconds on a busy 2-core machine); soak.py runs 100."""
+    """5 cycles here (each starts fresh actor processes: seconds on a busy 2-core machine; a leak shows in the
+    first); soak.py runs 100."""
     plan = casync.build_plan(SHAPES, workers=1, strategy="ps", servers=1, codec="onebit")
     grads = make_grads(SHAPES, 1)
     baseline = faultkit.alive_actors(), faultkit.live_placement_groups(), driver_refs(), store_objects()
-    for cycle in range(10):
+    for cycle in range(5):
         with RayEngine(plan) as engine:
             assert faultkit.alive_actors() == baseline[0] + 2
             engine.sync(grads)
