@@ -171,6 +171,7 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"sync {history.mean('sync_s', skip) * 1e3:.1f} ms, {history.mean('hidden_fraction', skip):.0%} of it "
               f"hidden behind backward); {history.mean('bytes_sent') / 2**20:.2f} MiB sent per step, "
               f"compression {history.mean('compression_ratio'):.1f}x")
+        print(f"the sync's ops took {history.mean('sync_cpu_s', skip) * 1e3:.1f} ms of CPU per worker and step")
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,9 @@ class StepRecord:
 
     ``sync_s`` is a worker's synchronization window (first sync op start to last sync op end);
     ``exposed_sync_s`` the part of it during which the worker was not computing (forward/backward);
-    ``hidden_fraction`` = 1 - exposed/sync.  ``bytes_sent`` counts every payload put on the wire by every
+    ``hidden_fraction`` = 1 - exposed/sync.  ``sync_cpu_s``: the CPU time a worker's sync ops took (each op's
+    own thread time, waiting for a core or for data left out): with ``W`` workers sharing ``C`` cores, the
+    window cannot be shorter than ``W * sync_cpu_s / C``.  ``bytes_sent`` counts every payload put on the wire by every
     actor; ``compression_ratio`` compares it with the float32 bytes the same sends would carry.
     ``nonfinite`` names each (worker, parameter) whose gradient held NaN/Inf; ``skipped``: the update was
     skipped for it on every worker (``nonfinite="skip"``).
@@ -37,6 +39,7 @@ class StepRecord:
     replicas_checked: bool = False
     skipped: bool = False
     nonfinite: list[str] = field(default_factory=list)
+    sync_cpu_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -317,7 +317,7 @@ class Trainer:
     def _record(self, refs: StepRefs, finished: dict[str, dict], updates: dict[str, dict] | None,
                 next_stats: dict[str, dict] | None) -> StepRecord:
         """Per-step statistics from the workers' op and compute intervals; also feeds the timeline."""
-        syncs, exposed, computes, rows = [], [], [], {}
+        syncs, exposed, computes, cpus, rows = [], [], [], [], {}
         for w in self._engine.workers:
             compute = refs.stats[w]["compute"]
             ops = finished[w]["records"]
@@ -325,6 +325,7 @@ class Trainer:
             busy = [(r[3], r[4]) for r in compute] + ([(r[3], r[4]) for r in next_stats[w]["compute"]]
                                                       if next_stats else [])
             computes.append(compute[-1][4] - compute[0][3])
+            cpus.append(sum(r[7] for r in ops if len(r) > 7 and r[7] is not None))  # each op's thread time
             if ops:
                 s0, s1 = min(r[3] for r in ops), max(r[4] for r in ops)
                 syncs.append(s1 - s0)
@@ -347,7 +348,7 @@ class Trainer:
             bytes_sent=sent, raw_bytes=raw, compression_ratio=raw / sent if sent else float("nan"),
             full_precision=refs.full, density=refs.stats[self._engine.workers[0]]["density"],
             replicas_checked=bool(updates) and any(u["hash"] is not None for u in updates.values()),
-            skipped=voids_step(self.plan.nonfinite, found), nonfinite=found)
+            skipped=voids_step(self.plan.nonfinite, found), nonfinite=found, sync_cpu_s=float(np.mean(cpus)))
 
     # -- replicas ------------------------------------------------------------------------------------
     def _compare_hashes(self, step: int | str, updates: dict[str, dict]) -> None:

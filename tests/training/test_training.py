@@ -129,6 +129,9 @@ def test_fit_records_and_exports(deep, tmp_path):
     for r in history:
         assert np.isfinite(r.loss) and r.samples == 2 * 64
         assert r.sync_s > 0 and 0 <= r.exposed_sync_s <= r.sync_s + 1e-9 and 0 <= r.hidden_fraction <= 1
+        ops = [row for row in deep.timeline(r.step) if row["actor"].startswith("worker:") and row["cpu"] is not None]
+        assert 0 < r.sync_cpu_s == pytest.approx(sum(row["cpu"] for row in ops) / 2)  # the 2 workers' mean
+        assert r.sync_cpu_s <= sum(row["end"] - row["start"] for row in ops) / 2 + 1e-3  # thread time <= wall
         assert r.bytes_sent > 0 and r.compression_ratio == pytest.approx(r.raw_bytes / r.bytes_sent)
         assert r.compression_ratio > 20  # onebit
         assert r.throughput == pytest.approx(r.samples / r.step_s)
@@ -480,6 +483,7 @@ def test_cli_train_end_to_end(ray_local, tmp_path, capsys):
                  "3", "--out", str(out), "--checkpoint", str(ckpt), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "trained 3 steps (to step 3) on 2 workers: held-out accuracy" in text and "hidden behind backward" in text
+    assert "of CPU per worker and step" in text
     assert len(History.from_json(out / "history.json")) == 3 and (out / "history.csv").is_file()
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert read_checkpoint(ckpt).step == 3
