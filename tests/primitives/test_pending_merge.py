@@ -17,6 +17,7 @@ from tests.primitives.test_sparse_merge import gaussian, merges, with_zeros
 FUSED = ["onebit", "fp16", "randomk:ratio=0.01", "topk:ratio=0.01", "tbq"]
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the cases overflow on purpose
 @settings(max_examples=300, deadline=None)
 @given(merges(), st.data())
 def test_any_block_of_a_pending_merge_is_that_block_of_the_merge(case, data):
