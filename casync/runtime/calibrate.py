@@ -32,7 +32,7 @@ from primitives.ir import COMPUTE_OPS
 
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
-from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
+from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts, scale_key
 from ..sim.optable import KINDS, cost_key, entries_decodes, folded_merge, op_seconds
 
 
@@ -90,11 +90,11 @@ def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any
     (``casync.sim.optable.folded_merge``) counts with that encode, whose record carries its work."""
     attrs = graph.nodes[row["node"]]
     if row["op"] != "merge":
-        key = f"{row['op']}:{attrs['codec'].split('(', 1)[0]}"
+        key = scale_key(row["op"], attrs["codec"])
     elif folded_merge(graph, row["node"], attrs):
-        key = f"encode:{graph.nodes[next(iter(graph.successors(row['node'])))]['codec'].split('(', 1)[0]}"
+        key = scale_key("encode", graph.nodes[next(iter(graph.successors(row["node"])))]["codec"])
     else:
-        key = "merge"
+        key = scale_key("merge")
     total = totals.setdefault(key, [0.0, 0.0])
     total[0] += row["cpu"] if row.get("cpu") is not None else row["end"] - row["start"]
     total[1] += _predicted_op_s(graph, row["node"], profile, entries)

@@ -30,6 +30,12 @@ class LinearCost:
         return self.a + self.b * n
 
 
+def scale_key(op: str, codec_key: str = "") -> str:
+    """The key of ``RuntimeCosts.op_scale`` for an op of a codec (``"encode:onebit"``, ``"merge"``): by codec
+    name, whatever its parameters; calibration fits under it and the simulator looks it up."""
+    return f"{op}:{codec_key.split('(', 1)[0]}" if codec_key else op
+
+
 @dataclass(frozen=True)
 class RuntimeCosts:
     """What executing on Ray adds to the ops' own cost, fitted from measured timelines (``casync.runtime.calibrate``).
@@ -55,8 +61,7 @@ class RuntimeCosts:
 
     def scale(self, op: str, codec_key: str = "") -> float:
         """The scale fitted for this op and codec, else the overall one."""
-        key = f"{op}:{codec_key.split('(', 1)[0]}" if codec_key else op
-        return self.op_scale.get(key, self.compute_scale)
+        return self.op_scale.get(scale_key(op, codec_key), self.compute_scale)
 
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,

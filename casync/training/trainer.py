@@ -325,7 +325,7 @@ class Trainer:
             busy = [(r[3], r[4]) for r in compute] + ([(r[3], r[4]) for r in next_stats[w]["compute"]]
                                                       if next_stats else [])
             computes.append(compute[-1][4] - compute[0][3])
-            cpus.append(sum(r[7] for r in ops if len(r) > 7 and r[7] is not None))  # each op's thread time
+            cpus.append(sum(r[7] for r in ops))  # each op's thread time (the executor records it on every op)
             if ops:
                 s0, s1 = min(r[3] for r in ops), max(r[4] for r in ops)
                 syncs.append(s1 - s0)
