@@ -17,6 +17,8 @@ sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`
 * one receiver thread per peer takes that peer's messages in the order they arrive: a small header naming
   the transfer, then its body (posted ahead: every payload's size is known from its codec), then, only
   when the header says so, the NaN/Inf side channel;
+* sender and receiver threads live as long as the executor and take each step's work from a queue
+  (:class:`Lane`): starting a thread waits until it runs, a millisecond or more on busy cores, every step;
 * a bucket's ops that read the actor's own gradient wait until :meth:`RankExecutor.provide` hands it over,
   so a bucket can start while later gradients are still being computed.
 
@@ -29,6 +31,7 @@ import heapq
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Collection, Mapping
 
 import numpy as np
@@ -68,6 +71,49 @@ def check_compute_threads(value: Any, who: str = "") -> int:
     return value
 
 
+class Lane:
+    """A daemon thread that runs the calls handed to it one after another; the executor keeps one per peer and
+    direction for all its steps.  Each call's event is set when it returns (the calls catch their own errors)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._last = threading.Event()
+        self._last.set()
+        threading.Thread(target=self._loop, args=(self._calls,), daemon=True, name=name).start()
+
+    def run(self, fn: Any, *args: Any) -> threading.Event:
+        done = self._last = threading.Event()
+        self._calls.put((fn, args, done))
+        return done
+
+    def idle(self) -> bool:
+        """Whether every call handed over has returned."""
+        return self._last.is_set()
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    @staticmethod
+    def _loop(calls: queue.SimpleQueue) -> None:  # holds no reference to the Lane: an unused one can be collected
+        while True:
+            item = calls.get()
+            if item is None:
+                return
+            fn, args, done = item
+            del item
+            try:
+                fn(*args)
+            finally:
+                del fn, args  # no reference to the executor between steps
+                done.set()
+
+
+def _stop_lanes(lanes: dict[Any, Lane]) -> None:
+    for lane in lanes.values():
+        lane.stop()
+
+
 class RankExecutor:
     """Runs ``share`` (one actor's ops) step after step over ``channel``; see the module docstring."""
 
@@ -103,6 +149,8 @@ class RankExecutor:
                           or handed_to_encode(op.attrs, [ops[c].attrs for c in op.consumers])}
         self._cond = threading.Condition()
         self._step: int | None = None
+        self._lanes: dict[tuple[str, str], Lane] = {}  # (direction, peer) -> its thread, reused step after step
+        weakref.finalize(self, _stop_lanes, self._lanes)
 
     # -- a step ------------------------------------------------------------------------------------------
     def begin(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None = None,
@@ -160,14 +208,17 @@ class RankExecutor:
                                 for h in np.zeros((len(idx), HEADER_WORDS), np.int64)]
                          for peer, idx in self._from_peer.items()}
         self._outbox: dict[str, queue.SimpleQueue] = {peer: queue.SimpleQueue() for peer in self._to_peer}
-        self._threads = [threading.Thread(target=self._receive, args=(peer, len(idx)), daemon=True,
-                                          name=f"casync-recv-{self.actor}<-{peer}")
-                         for peer, idx in self._from_peer.items()]
-        self._threads += [threading.Thread(target=self._deliver, args=(peer, count), daemon=True,
-                                           name=f"casync-send-{self.actor}->{peer}")
-                          for peer, count in self._to_peer.items()]
-        for thread in self._threads:
-            thread.start()
+        self._calls = [self._hand("recv", peer, self._receive, len(idx)) for peer, idx in self._from_peer.items()]
+        self._calls += [self._hand("send", peer, self._deliver, count) for peer, count in self._to_peer.items()]
+
+    def _hand(self, direction: str, peer: str, fn: Any, count: int) -> tuple[str, threading.Event]:
+        """Run ``fn(peer, count)`` on the lane of ``peer`` and ``direction`` (started on first use); returns the
+        lane's name and the call's done event."""
+        lane = self._lanes.get((direction, peer))
+        if lane is None:
+            arrow = "<-" if direction == "recv" else "->"
+            lane = self._lanes[direction, peer] = Lane(f"casync-{direction}-{self.actor}{arrow}{peer}")
+        return lane.name, lane.run(fn, peer, count)
 
     def new_result_buffers(self) -> dict[str, np.ndarray]:
         """Fresh result buffers, one per bucket: what a caller that reuses them passes as ``begin(out=)``."""
@@ -200,17 +251,21 @@ class RankExecutor:
         last read of its gradient (a DDP bucket buffer: no copy back).  Only for the buckets in
         :attr:`overwritable`, where the plan orders every read before the writes; a step that fails leaves
         ``flat`` part gradient, part result."""
+        n = self._result_sizes().get(bucket)
+        if n is None:
+            raise ValueError(f"{self.actor}: gradient for bucket {bucket!r}, which the plan does not have "
+                             f"(its buckets: {sorted(self.partitions)[:8]})")
+        if not (isinstance(flat, np.ndarray) and flat.dtype == np.float32 and flat.shape == (n,)):
+            raise ValueError(f"{self.actor}: the gradient of bucket {bucket!r} must be a flat float32 array of shape "
+                             f"({n},), got {getattr(flat, 'dtype', type(flat).__name__)} {getattr(flat, 'shape', '')}")
         if results_here:
-            n = self._result_sizes().get(bucket)
             if bucket not in self.overwritable:
                 raise ValueError(f"{self.actor}: the results of bucket {bucket!r} cannot be written over its gradient: "
                                  f"the plan does not read every partition before writing its result "
                                  f"(allowed: {sorted(self.overwritable)})")
-            if not (isinstance(flat, np.ndarray) and flat.dtype == np.float32 and flat.shape == (n,)
-                    and flat.flags.c_contiguous and flat.flags.writeable):
-                raise ValueError(f"{self.actor}: results_here needs a writeable contiguous float32 gradient of shape "
-                                 f"({n},) for bucket {bucket!r}, got {getattr(flat, 'dtype', type(flat).__name__)} "
-                                 f"{getattr(flat, 'shape', '')}")
+            if not (flat.flags.c_contiguous and flat.flags.writeable):
+                raise ValueError(f"{self.actor}: results_here needs a writeable contiguous gradient for bucket "
+                                 f"{bucket!r}")
         with self._cond:
             if bucket in self._grads:
                 raise SyncError(f"{self.actor}: gradient of bucket {bucket!r} provided twice in step {self._step}")
@@ -218,6 +273,7 @@ class RankExecutor:
                 self._results[bucket] = flat
             self._grads[bucket] = flat
             self._flagged |= set(flagged or ())
+            self._deadline = time.monotonic() + self.timeout_s  # progress: timeout_s counts from here again
             for index in self.share.local.get(bucket, ()):
                 self._arrived(index)
             self._cond.notify_all()
@@ -225,15 +281,20 @@ class RankExecutor:
     def finish(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[tuple]]:
         """Run the step's ops to the end (in this thread); returns (results per bucket, residuals, records).
 
-        Raises :class:`~casync.errors.SyncTimeoutError` when the step does not end within ``timeout_s`` of
-        :meth:`begin` (naming what it still waits for), or the error a receive or an op raised."""
+        Raises :class:`~casync.errors.SyncTimeoutError` when the step makes no progress for ``timeout_s`` (no
+        gradient provided, no op done, no payload in; a slow backward whose buckets come within ``timeout_s`` of
+        each other is not cut short), naming what it still waits for, or the error a receive or an op raised."""
         helpers = [threading.Thread(target=self._compute_helper, daemon=True, name=f"casync-compute-{self.actor}-{i}")
                    for i in range(1, self.compute_threads)]
         try:
             for thread in helpers:
                 thread.start()
             self._compute()
-            for thread in self._threads + helpers:
+            for name, done in self._calls:
+                if not done.wait(max(0.0, self._deadline - time.monotonic())):
+                    raise SyncTimeoutError(f"{self.actor}: step {self._step}: {name} still busy "
+                                           f"{self.timeout_s:.0f}s after the last op")
+            for thread in helpers:
                 thread.join(max(0.0, self._deadline - time.monotonic()))
                 if thread.is_alive():
                     raise SyncTimeoutError(f"{self.actor}: step {self._step}: {thread.name} still busy after "
@@ -246,6 +307,10 @@ class RankExecutor:
         finally:
             for thread in helpers:  # told to stop by _fail; one in an op ends it first (ops never block)
                 thread.join()
+            for key, lane in list(self._lanes.items()):  # one still in a failed step's call: a fresh one next step
+                if not lane.idle():
+                    lane.stop()
+                    del self._lanes[key]
             self._step = None
             self._values = []
 
@@ -277,11 +342,15 @@ class RankExecutor:
             op = ops[index]
             kind = op.attrs["op"]
             t0, cpu0 = time.time(), time.thread_time()
-            if kind == "send":
-                self._send(op)
-                result = None
-            else:
-                result = self._run(index, op)
+            try:
+                if kind == "send":
+                    self._send(op)
+                    result = None
+                else:
+                    result = self._run(index, op)
+            except Exception as exc:  # the same error whichever compute thread ran the op, naming the op
+                raise SyncError(f"{self.actor}, step {self._step}: {kind} of bucket {op.attrs['bucket']!r}, partition "
+                                f"{op.attrs['part']} ({op.node}) failed: {type(exc).__name__}: {exc}") from exc
             self._records.append((kind, op.attrs["bucket"], op.attrs["part"], t0, time.time(), op.attrs["nbytes"],
                                   op.node, time.thread_time() - cpu0))
             with self._cond:
@@ -346,6 +415,7 @@ class RankExecutor:
         op = self.share.ops[index]
         self._values[index] = value
         self._done += 1
+        self._deadline = time.monotonic() + self.timeout_s  # progress
         for consumer in op.consumers:
             self._arrived(consumer)
         self._complete[index] = True
@@ -394,9 +464,9 @@ class RankExecutor:
     def _stall_report(self) -> str:
         pending = [self.share.ops[i] for i in self.share.recvs if not self._complete[i]]
         peers = sorted({op.peer for op in pending})
-        return (f"{self.actor}: step {self._step} not done within {self.timeout_s:.0f}s; waiting for {len(pending)} "
-                f"payload(s) from {peers[:6]}" if pending else
-                f"{self.actor}: step {self._step} not done within {self.timeout_s:.0f}s; gradients provided for "
+        return (f"{self.actor}: step {self._step} made no progress for {self.timeout_s:.0f}s; waiting for "
+                f"{len(pending)} payload(s) from {peers[:6]}" if pending else
+                f"{self.actor}: step {self._step} made no progress for {self.timeout_s:.0f}s; gradients provided for "
                 f"{sorted(self._grads)[:6]}, waiting for the rest")
 
     def _fail(self, exc: BaseException) -> None:

@@ -15,7 +15,7 @@ import ray
 
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
-from ..transport.shm import ShmChannel, arenas
+from ..transport.shm import Arena, ShmChannel, arenas
 from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
 
 
@@ -31,7 +31,7 @@ class DataPlaneMember:
         return ray.util.get_node_ip_address(), port or free_port()
 
     def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None,
-                shm: tuple[dict[str, dict[int, tuple[int, int]]], str] | None = None) -> str:
+                shm: tuple[dict[str, Arena], str] | None = None) -> str:
         """Join the group (every actor calls this at once) and, with ``shm`` (arena layout, name prefix),
         create this actor's shared-memory arena; returns the network interface gloo uses."""
         ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())

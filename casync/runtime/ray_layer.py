@@ -89,11 +89,44 @@ def _check_same_cluster(address: str | None) -> None:
     on the wrong one); ``None``, ``"auto"`` and ``ray://`` addresses reuse what is there."""
     if not address or address == "auto" or "://" in address:
         return
-    port = address.rpartition(":")[2]
+    host, _, port = address.rpartition(":")
     current = ray.get_runtime_context().gcs_address
-    if port != current.rpartition(":")[2]:
+    current_host, _, current_port = current.rpartition(":")
+    if port != current_port or not _same_host(host, current_host):
         raise ValueError(f"this process is already connected to the Ray cluster at {current}; it cannot also join "
                          f"{address!r} (call ray.shutdown() first)")
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Whether host names or addresses ``a`` and ``b`` name one machine: they resolve to a common address, or
+    both to addresses of this machine (``localhost`` and the node's own IP are one)."""
+    ips_a, ips_b = _addresses(a), _addresses(b)
+    return bool(ips_a & ips_b) or (_is_local(ips_a) and _is_local(ips_b))
+
+
+def _addresses(host: str) -> set[str]:
+    import socket
+
+    host = host.strip("[]")
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:  # not resolvable here: compared as written
+        return {host}
+
+
+def _is_local(ips: set[str]) -> bool:
+    """Whether one of ``ips`` belongs to this machine (a socket can be bound to it)."""
+    import socket
+
+    for ip in ips:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.bind((ip, 0))
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def _check_reachable(address: str, timeout_s: float = 10.0) -> None:
@@ -156,13 +189,15 @@ def get_or_fail(refs: list[Any], what: str, timeout_s: float, deadline: float | 
     so one failed call ends the wait at once even while others are still blocked (say, on a peer that died)."""
     end = time.monotonic() + timeout_s if deadline is None else deadline
     pending = list(refs)
+    values: dict[Any, Any] = {}
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, end - time.monotonic()))
             if not ready:
                 raise GetTimeoutError(what)
-            ray.get(ready)  # raises this call's error now, not after the slowest call
-        return ray.get(refs)
+            # raises this call's error now, not after the slowest call; each result is fetched once
+            values.update(zip(ready, ray.get(ready)))
+        return [values[ref] for ref in refs]
     except GetTimeoutError:
         fail(f"timed out after {timeout_s:.0f}s while {what}")
         raise SyncTimeoutError(f"{what}: no result within timeout_s={timeout_s:.0f}s") from None

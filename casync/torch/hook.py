@@ -4,10 +4,12 @@ DDP calls the hook once per gradient bucket, in bucket order, as backward fills 
 ``torch.futures.Future`` of the synchronized bucket, and DDP copies its value into the gradients when backward
 ends.  With a :class:`~casync.torch.state.CasyncState`:
 
-* **warm-up** — until the plan exists (DDP rebuilds its buckets in iteration 1 in the order gradients became
-  ready; the hook records that layout, and the plan is built with exactly those buckets when iteration 1 ends)
-  and for the first ``start_iter`` iterations, each bucket is all-reduced uncompressed (as float32) on casync's
-  own group.  A state restored from a checkpoint has its plan from the first iteration on.
+* **warm-up** — until the plan exists (DDP rebuilds its buckets in its second iteration, its third with
+  ``static_graph``, in the order gradients became ready; the hook records that layout, and the plan is built
+  with exactly those buckets when that iteration ends) and for the first ``start_iter`` iterations, each bucket
+  is all-reduced uncompressed (as float32) on casync's own group.  A state restored from a checkpoint has its
+  plan from the first iteration on; one saved before its plan existed warms up again in the new process (its
+  compressed iterations then start later than in a run that was not interrupted).
 * **compressed** — at an iteration's first bucket this rank opens the plan's step (its receives are posted) and
   a background thread starts running its share of the plan; each bucket's gradient is handed over as DDP
   passes it in, so later buckets' backward overlaps earlier buckets' sync.  When DDP's buckets are the plan's
@@ -103,7 +105,9 @@ class HookSession:
 
     def __init__(self, state: CasyncState):
         self.state = state
+        self.ddp: Any = None
         self.module: Any = None
+        self.seen = 0  # iterations of this DDP module seen by the hook (a resumed state's count starts again)
         self.names: dict[int, str] = {}
         self.layout: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
         self.current: _Step | None = None
@@ -126,6 +130,7 @@ class HookSession:
         if module is None:
             raise ValueError("casync.torch.comm_hook cannot find the DistributedDataParallel module it is registered "
                              "on; pass CasyncState(model=ddp_model)")
+        self.ddp = module
         self.module = getattr(module, "module", module)
         self.names = {id(p): name for name, p in self.module.named_parameters()}
 
@@ -166,7 +171,7 @@ class HookSession:
         """Uncompressed: an all-reduce of the bucket (as float32) on casync's control group."""
         state = self.state
         group = state.ensure_group()
-        if state.plan is None and state.iter >= 1:  # DDP's rebuilt buckets: the plan's, in buffer order
+        if state.plan is None and self._rebuilt():  # DDP's rebuilt buckets: the plan's, in buffer order
             shapes = [tuple(p.shape) for p in bucket.parameters()]
             self.layout[bucket.index()] = [(n, s) for _, n, s in sorted(zip(offsets, names, shapes))]
         work = buffer.detach().to(device="cpu", dtype=torch.float32, copy=True)
@@ -189,10 +194,17 @@ class HookSession:
                     f.wait()
                 except Exception as exc:
                     raise state.fail(as_sync_error(exc, f"iteration {step}: uncompressed all-reduce")) from exc
-            if state.plan is None and state.iter >= 1:
+            if state.plan is None and self._rebuilt():
                 self._build_plan()
             state.iter += 1
+            self.seen += 1
         return future
+
+    def _rebuilt(self) -> bool:
+        """Whether DDP's buckets are final in this iteration: DDP rebuilds them once, in the order gradients became
+        ready, at the start of its second iteration (its third with ``static_graph``), counted for this module
+        and process, whatever iteration a resumed state is at."""
+        return self.seen >= (2 if getattr(self.ddp, "static_graph", False) else 1)
 
     def _build_plan(self) -> None:
         """The plan of the layout DDP used in this iteration (every rank builds it; the planner runs on rank 0)."""
@@ -289,6 +301,7 @@ class HookSession:
         state.iter = ctx.step + 1
         self.stats = {"step": ctx.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
                       "in_place": sum(1 for e in ctx.entries if e.here is not None),
+                      "as_planned": sum(1 for e in ctx.entries if e.bucket is not None),  # DDP buckets = plan's
                       "skipped": outcome.skipped, "nonfinite": outcome.nonfinite}
         with ctx.lock:
             for entry in ctx.entries:

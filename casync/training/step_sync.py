@@ -132,16 +132,21 @@ class StepSyncActor(DataPlaneMember):
                     return
                 st = self._steps[self._next]
                 executor = self._executors[st.full]
-                try:
-                    executor.begin(st.step, self.residuals, st.codecs)
+                residuals = self.residuals
+            try:
+                # outside the lock: begin starts the step's transport threads, which can take milliseconds on
+                # busy cores, and backward's hooks take the lock to fill buckets meanwhile
+                executor.begin(st.step, residuals, st.codecs)
+                with self._cond:
                     st.begun = True
                     for bucket, left in st.remaining.items():
                         if left == 0:
                             self._bucket_in(st, bucket)
-                except BaseException as exc:
+            except BaseException as exc:
+                with self._cond:
                     st.failed = f"{type(exc).__name__}: {exc}"
                     self._cond.notify_all()
-                    return
+                return
             try:
                 results, residuals, records = executor.finish()
             except BaseException as exc:  # the step's finish() reports it

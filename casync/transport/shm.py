@@ -33,18 +33,29 @@ class Transfer:
     nbytes: int
 
 
-def arenas(transfers: Iterable[Transfer], node_of: Mapping[str, Any]) -> dict[str, dict[int, tuple[int, int]]]:
-    """For every receiving actor, ``(offset, size)`` of each same-node transfer's slot in one half of its arena
-    (the half's size under key -1)."""
-    out: dict[str, dict[int, tuple[int, int]]] = {}
+@dataclass(frozen=True)
+class Arena:
+    """One receiver's arena: ``(offset, size)`` of each same-node transfer's slot in one half (``half`` bytes;
+    the other half holds the other parity of steps), and the actors that write into it."""
+
+    half: int
+    slots: Mapping[int, tuple[int, int]]
+    senders: frozenset[str]
+
+
+def arenas(transfers: Iterable[Transfer], node_of: Mapping[str, Any]) -> dict[str, Arena]:
+    """The arena of every actor that receives from an actor on its own node (transfers between nodes have none)."""
+    slots: dict[str, dict[int, tuple[int, int]]] = {}
+    ends: dict[str, int] = {}
+    senders: dict[str, set[str]] = {}
     for t in sorted(transfers, key=lambda t: t.id):
         if node_of[t.src] != node_of[t.dst]:
             continue
-        slots = out.setdefault(t.dst, {-1: (0, 0)})
-        end = slots[-1][0]
-        slots[t.id] = (end, t.nbytes)
-        slots[-1] = (end + -(-max(t.nbytes, 1) // ALIGN) * ALIGN, 0)
-    return out
+        end = ends.get(t.dst, 0)
+        slots.setdefault(t.dst, {})[t.id] = (end, t.nbytes)
+        ends[t.dst] = end + -(-max(t.nbytes, 1) // ALIGN) * ALIGN
+        senders.setdefault(t.dst, set()).add(t.src)
+    return {dst: Arena(ends[dst], slots[dst], frozenset(senders[dst])) for dst in slots}
 
 
 class _Mapped:
@@ -86,24 +97,24 @@ class ShmChannel:
     """An actor's end of the data plane when some peers share its machine: bodies to and from them through
     shared memory, everything else through ``base``."""
 
-    def __init__(self, base: Any, actor: str, layout: Mapping[str, dict[int, tuple[int, int]]], prefix: str):
+    def __init__(self, base: Any, actor: str, layout: Mapping[str, Arena], prefix: str):
         self.base = base
         self.actor = actor
         self.layout = layout
         self.prefix = prefix
         self._own: shared_memory.SharedMemory | None = None
         self._peers: dict[str, Any] = {}
-        half = layout.get(actor, {}).get(-1, (0, 0))[0]
-        if half:
-            self._own = shared_memory.SharedMemory(name=self._name(actor), create=True, size=2 * half)
+        if actor in layout:
+            self._own = shared_memory.SharedMemory(name=self._name(actor), create=True, size=2 * layout[actor].half)
 
     def _name(self, actor: str) -> str:
         return f"{self.prefix}-{actor.replace(':', '')}"
 
     def attach(self) -> None:
-        """Map the arenas of the same-node actors this one sends to (after every owner created its own)."""
-        for receiver, slots in self.layout.items():
-            if receiver != self.actor and slots.get(-1, (0, 0))[0]:
+        """Map the arenas of the same-node actors this one sends to (after every owner created its own); the
+        arenas of other nodes' actors are in their machines' shared memory, not this one's."""
+        for receiver, arena in self.layout.items():
+            if receiver != self.actor and self.actor in arena.senders:
                 self._peers[receiver] = attach(self._name(receiver))
 
     def unlink(self) -> None:
@@ -115,10 +126,11 @@ class ShmChannel:
               ) -> np.ndarray | None:
         """The slot of ``transfer`` in ``receiver``'s arena for ``step``; None when the body does not fit it
         (a codec's payload grew, e.g. a sparsity warm-up): both ends then use the base channel."""
-        slot = self.layout.get(receiver, {}).get(transfer)
+        arena = self.layout.get(receiver)
+        slot = None if arena is None else arena.slots.get(transfer)
         if slot is None or nbytes > slot[1]:
             return None
-        offset = slot[0] + (step % 2) * self.layout[receiver][-1][0]
+        offset = slot[0] + (step % 2) * arena.half
         return np.ndarray((nbytes,), np.uint8, buffer=shm.buf, offset=offset)
 
     # -- the executor's body path ----------------------------------------------------------------------------

@@ -1,8 +1,12 @@
 """The per-rank executor without Ray: every actor of a plan in a thread of this process, over a LocalHub."""
 from __future__ import annotations
 
+import gc
+import os
+import re
 import threading
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -13,8 +17,9 @@ from casync.engines.in_place import results_over_gradients
 from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import layouts, scan_worker
 from casync.errors import SyncError, SyncTimeoutError
-from casync.schedule import actor_shares
+from casync.schedule import actor_shares, plan_transfers
 from casync.transport.base import LocalHub
+from casync.transport.shm import ShmChannel, arenas
 from primitives.codecs.sign import OneBitCodec
 from primitives.ir import Actor
 from tests.helpers import make_grads, same_bits
@@ -22,10 +27,12 @@ from tests.helpers import make_grads, same_bits
 SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}
 
 
-def executors(plan, hub, timeout_s=10.0, compute_threads=1):
+def executors(plan, hub, timeout_s=10.0, compute_threads=1, channel=None):
+    """An executor per actor of ``plan`` over ``hub`` (or over ``channel(actor)``)."""
     shares = actor_shares(plan)
     parts = {b.name: list(b.partitions) for b in plan.buckets}
-    return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, hub.channel(a), timeout_s,
+    channel = channel or hub.channel
+    return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, channel(a), timeout_s,
                             compute_threads=compute_threads, overwritable=results_over_gradients(plan, a))
             for a in plan.actors}
 
@@ -101,12 +108,13 @@ def test_sparse_merges_keep_the_signed_zeros_of_local_engine(kw, codec):
     check_hub_against_local_engine(plan, 1, make=lambda step: signed_zeros(make_grads(SHAPES, 4, seed=step), step))
 
 
-def check_hub_against_local_engine(plan, compute_threads, steps=3, make=None):
-    """``steps`` syncs over a hub against LocalEngine: results and residuals bit for bit."""
+def check_hub_against_local_engine(plan, compute_threads, steps=3, make=None, execs=None):
+    """``steps`` syncs over a hub (or ``execs``' channels) against LocalEngine: results and residuals bit for bit."""
     workers = plan.workers
     make = make or (lambda step: make_grads(SHAPES, workers, seed=step))
-    reference, hub = casync.LocalEngine(plan), LocalHub(timeout_s=10)
-    execs, residuals = executors(plan, hub, compute_threads=compute_threads), {a: {} for a in plan.actors}
+    reference = casync.LocalEngine(plan)
+    execs = execs or executors(plan, LocalHub(timeout_s=10), compute_threads=compute_threads)
+    residuals = {a: {} for a in plan.actors}
     for step in range(steps):
         flats, _ = flatten_worker_grads(plan, make(step))
         want = reference.run_flat(flats)
@@ -118,6 +126,29 @@ def check_hub_against_local_engine(plan, compute_threads, steps=3, make=None):
     mine = {k: v for r in residuals.values() for k, v in r.items()}
     assert mine.keys() == reference.state.residuals.keys()
     assert all(same_bits(v, reference.state.residuals[k]) for k, v in mine.items())
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])
+def test_shared_memory_within_a_node_and_the_base_channel_between_nodes(strategy):
+    """Two machines of two actors each (each machine's shared memory under a name prefix of its own): an actor
+    maps only the arenas of the same-node actors it writes to, never another machine's, and the results over
+    both paths are LocalEngine's."""
+    plan = casync.build_plan(SHAPES, workers=4, codec="onebit", partitions=4, bucket_bytes=600, strategy=strategy)
+    actors = plan.actors
+    node_of = {a: f"n{2 * i // len(actors)}" for i, a in enumerate(actors)}
+    layout = arenas(plan_transfers(plan), node_of)
+    assert layout and {node_of[a] for a in layout} == {"n0", "n1"}  # each machine has arenas of its own
+    hub, prefix = LocalHub(timeout_s=10), f"casynctest{os.getpid()}x{uuid.uuid4().hex[:6]}"
+    channels = {a: ShmChannel(hub.channel(a), a, layout, f"{prefix}{node_of[a]}") for a in actors}
+    try:
+        for channel in channels.values():
+            channel.attach()  # raised FileNotFoundError for the other machine's arenas
+        for channel in channels.values():
+            channel.unlink()
+        check_hub_against_local_engine(plan, 1, execs=executors(plan, hub, channel=channels.__getitem__))
+    finally:
+        for channel in channels.values():
+            channel.close()
 
 
 @pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="ps", servers=2),
@@ -224,6 +255,37 @@ def test_a_missing_gradient_times_out_naming_what_it_waits_for():
     assert "worker:1" in str(errors["worker:0"]) or "aborted" in str(errors["worker:0"])
 
 
+def test_a_slow_backward_that_keeps_providing_is_not_cut_short():
+    """timeout_s bounds a step's silence, not its length: buckets handed over 0.4 s apart for 2 s in all, with
+    timeout_s=1, give LocalEngine's results (a backward slower than timeout_s on every rank is not a failure)."""
+    plan, shapes = _many_buckets_plan("onebit")
+    flats, _ = flatten_worker_grads(plan, make_grads(shapes, 2))
+    want = casync.LocalEngine(plan).run_flat(flats)
+    execs = executors(plan, LocalHub(timeout_s=5), timeout_s=1.0)
+    got, errors = {}, {}
+
+    def go(actor):
+        try:
+            ex, worker = execs[actor], Actor.parse(actor).index
+            ex.begin(0, {})
+            for bucket, flat in flats[worker].items():
+                time.sleep(0.4)
+                ex.provide(bucket, flat)
+            got[actor] = ex.finish()[0]
+        except BaseException as exc:
+            errors[actor] = exc
+
+    threads = [threading.Thread(target=go, args=(a,)) for a in plan.actors]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(plan.buckets) * 0.4 > 2 * 1.0
+    for w in range(2):
+        assert all(same_bits(got[f"worker:{w}"][b], want[w][b]) for b in want[w])
+
+
 def test_actors_on_different_plans_fail_clearly_not_silently():
     """A peer running another plan sends transfers this one does not expect: a named error, not a wrong sum."""
     plan_a = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit", partitions=2)
@@ -299,16 +361,82 @@ def test_compute_threads_run_ops_at_once():
 def test_an_op_failing_on_a_helper_thread_fails_the_step_and_leaves_no_thread_behind():
     plan, shapes = _many_buckets_plan(SlowOneBit(0.02, fail=True))
     flats, _ = flatten_worker_grads(plan, make_grads(shapes, 2))
-    before = threading.active_count()
     start = time.monotonic()
     execs = executors(plan, LocalHub(timeout_s=5), timeout_s=5.0, compute_threads=3)
     _, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
     assert time.monotonic() - start < 5  # not the timeout: the failure itself
     assert isinstance(errors["worker:0"], SyncError) and "encode failed on purpose" in str(errors["worker:0"])
     deadline = time.monotonic() + 5
-    while threading.active_count() > before and time.monotonic() < deadline:
+    while _threads("casync-compute") and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("casync-compute")]
+    assert not _threads("casync-compute")
+
+
+def _threads(prefix: str) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def test_transport_threads_last_the_executor_not_a_step():
+    """Each peer's sender and receiver thread is started once and serves every step (starting threads each
+    step costs milliseconds on busy cores); they end when their executor is dropped."""
+    plan = casync.build_plan(SHAPES, workers=3, codec="onebit", partitions=2, bucket_bytes=600, strategy="allgather")
+    before = set(threading.enumerate())
+    execs, residuals = executors(plan, LocalHub(timeout_s=10)), {a: {} for a in plan.actors}
+    seen = []
+    for step in range(3):
+        flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 3, seed=step))
+        _, errors = run_step(plan, execs, residuals, step, flats)
+        assert not errors
+        seen.append({t for t in threading.enumerate() if t not in before and t.name.startswith(("casync-send",
+                                                                                                  "casync-recv"))})
+    assert seen[0] == seen[1] == seen[2]
+    assert len(seen[0]) == 3 * 2 * 2  # all-gather: each of 3 actors sends to and receives from 2 peers
+    del execs
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while any(t.is_alive() for t in seen[0]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not [t.name for t in seen[0] if t.is_alive()]
+
+
+class FailingOneBit(OneBitCodec):
+    """onebit whose encode raises in a step (not when the executor learns its wire layout, in the main thread)."""
+
+    name = "failing-onebit"
+
+    def params(self) -> dict:
+        return {}
+
+    def encode(self, x, seed=0):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("encode failed on purpose")
+        return super().encode(x, seed)
+
+
+@pytest.mark.parametrize("compute_threads", [1, 3])
+def test_an_op_failure_is_a_sync_error_naming_the_op_on_any_thread(compute_threads):
+    plan, shapes = _many_buckets_plan(FailingOneBit())
+    flats, _ = flatten_worker_grads(plan, make_grads(shapes, 2))
+    execs = executors(plan, LocalHub(timeout_s=5), timeout_s=5.0, compute_threads=compute_threads)
+    _, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
+    failed = [e for e in errors.values() if "encode failed on purpose" in str(e) and "aborted" not in str(e)]
+    assert failed and all(type(e) is SyncError for e in failed)
+    assert all(re.search(r"worker:\d, step 0: encode of bucket '\w+', partition 0 \(.+\) failed: RuntimeError",
+                         str(e)) for e in failed), [str(e) for e in failed]
+
+
+def test_a_gradient_of_the_wrong_dtype_or_size_is_refused_naming_the_bucket():
+    plan = casync.build_plan(SHAPES, workers=2, codec="onebit", bucket_bytes=600)
+    ex = executors(plan, LocalHub())["worker:0"]
+    bucket = plan.buckets[0]
+    ex.begin(0, {})
+    with pytest.raises(ValueError, match=rf"worker:0: the gradient of bucket '{bucket.name}' must be a flat float32 "
+                                         rf"array of shape \({bucket.numel},\), got float64"):
+        ex.provide(bucket.name, np.zeros(bucket.numel, np.float64))
+    with pytest.raises(ValueError, match=rf"shape \({bucket.numel},\), got float32 \({bucket.numel + 1},\)"):
+        ex.provide(bucket.name, np.zeros(bucket.numel + 1, np.float32))
+    with pytest.raises(ValueError, match="bucket 'nope', which the plan does not have"):
+        ex.provide("nope", np.zeros(3, np.float32))
 
 
 def test_compute_threads_must_be_a_positive_int():

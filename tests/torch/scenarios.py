@@ -149,6 +149,34 @@ def resume(rank: int, world: int, codec: str = "onebit", strategy: str = "ring")
             "residual_roles": sorted(ckpt["casync"]["residuals"]), "iteration": ckpt["casync"]["iteration"]}
 
 
+def layouts(rank: int, world: int) -> dict[str, Any]:
+    """The plan is built from DDP's final buckets: with and without ``static_graph`` (DDP rebuilds a step later),
+    and in a process resumed from a state saved before the plan existed (its first iteration's buckets are
+    DDP's initial ones)."""
+    out = {}
+    for static in (False, True):
+        ddp = DDP(mlp(), bucket_cap_mb=0.004, static_graph=static)
+        state = ct.CasyncState(codec="onebit", strategy="ring")
+        ddp.register_comm_hook(state, ct.comm_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        run_steps(ddp, opt, rank, range(6))
+        out[f"static={static}"] = {"plan": state.plan.to_dict(), "as_planned": state.session.stats.get("as_planned"),
+                                   "ddp_buckets": len(state.plan.buckets)}
+    early = ct.CasyncState(codec="onebit", strategy="ring")
+    ddp = DDP(mlp(), bucket_cap_mb=0.004)
+    ddp.register_comm_hook(early, ct.comm_hook)
+    run_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), rank, range(1))
+    saved = early.state_dict()  # iteration 1, no plan yet
+    resumed = ct.CasyncState(codec="onebit", strategy="ring")
+    resumed.load_state_dict(saved)
+    ddp = DDP(mlp(), bucket_cap_mb=0.004)
+    ddp.register_comm_hook(resumed, ct.comm_hook)
+    run_steps(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), rank, range(1, 5))
+    out["resumed early"] = {"plan": resumed.plan.to_dict(), "as_planned": resumed.session.stats.get("as_planned"),
+                            "saved_iteration": saved["iteration"]}
+    return out
+
+
 def mismatched_plans(rank: int, world: int) -> Any:
     """Rank 0 asks for onebit, the others for topk: the first compressed step must fail on every rank."""
     state = ct.CasyncState(codec="onebit" if rank == 0 else "topk:ratio=0.1", timeout_s=20)

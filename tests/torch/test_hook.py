@@ -114,6 +114,15 @@ def test_state_dict_round_trip_continues_bit_identically(strategy):
         assert "2.weight (32, 64) -> (5, 64)" in r["refused"]["model"]
 
 
+def test_the_plan_takes_ddps_final_buckets_with_static_graph_and_after_an_early_resume():
+    for r in ok(run_ranks("tests.torch.scenarios:layouts", 2)):
+        dynamic, static, early = r["static=False"], r["static=True"], r["resumed early"]
+        assert dynamic["ddp_buckets"] > 1 and static["plan"] == dynamic["plan"]
+        assert dynamic["as_planned"] == static["as_planned"] == dynamic["ddp_buckets"]  # DDP's buffers, no copies
+        assert early["saved_iteration"] == 1 and early["plan"] == dynamic["plan"]
+        assert early["as_planned"] == dynamic["ddp_buckets"]
+
+
 def test_ranks_with_different_plans_fail_clearly_on_every_rank():
     results = run_ranks("tests.torch.scenarios:mismatched_plans", 2)
     for r in results:
