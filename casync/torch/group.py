@@ -182,10 +182,18 @@ class CasyncGroup:
         return channel
 
     def close(self) -> None:
-        """Unmap shared memory; the process groups are left to torch.distributed's teardown."""
+        """Unmap shared memory and destroy casync's two process groups (their threads and sockets): a script that
+        builds a new state or optimizer after closing the old one holds no more groups than before."""
         for channel in self._channels:
             try:
                 channel.close()
             except Exception:
                 pass
         self._channels.clear()
+        for group in (getattr(self, "control", None), getattr(self, "data", None)):
+            if group is not None and self._dist.is_initialized():
+                try:
+                    self._dist.destroy_process_group(group)
+                except Exception:  # already gone with the default group
+                    pass
+        self.control = self.data = None

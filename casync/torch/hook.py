@@ -158,6 +158,9 @@ class HookSession:
             params = list(bucket.parameters())
             names = self._names(params)
             buffer = bucket.buffer()
+            if buffer.layout != torch.strided:
+                raise TypeError(f"DDP's bucket of {names[:4]} holds {buffer.layout} gradients; casync syncs dense "
+                                "gradients only (e.g. nn.Embedding(sparse=False))")
             offsets = _offsets(bucket, buffer, params)
             if state.compressing:
                 return self._compressed(bucket, buffer, names, offsets)
@@ -194,6 +197,12 @@ class HookSession:
                     f.wait()
                 except Exception as exc:
                     raise state.fail(as_sync_error(exc, f"iteration {step}: uncompressed all-reduce")) from exc
+            if state.options.nonfinite == "skip":  # the sums are alike on every rank: all void the step, or none
+                voided = not all(bool(torch.isfinite(f.value()).all()) for f in warm)
+                if voided:
+                    for f in warm:  # DDP copies these into the gradients once backward ends
+                        f.value().zero_()
+                self.stats = {"step": step, "skipped": voided, "warm_up": True}
             if state.plan is None and self._rebuilt():
                 self._build_plan()
             state.iter += 1
@@ -240,7 +249,7 @@ class HookSession:
             if _in_place(buffer) and exact in runner.overwritable:  # results written into DDP's buffer: no copy
                 entry.here = flat
             else:
-                entry.lend = _in_place(buffer) and not _grads_are_views(bucket, buffer, list(bucket.parameters()))
+                entry.lend = _in_place(buffer) and not _grads_in(buffer, list(bucket.parameters()))
             runner.provide(exact, flat, results_here=entry.here is not None)
         else:
             for name, offset in zip(names, offsets):
@@ -302,6 +311,7 @@ class HookSession:
         self.stats = {"step": ctx.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
                       "in_place": sum(1 for e in ctx.entries if e.here is not None),
                       "as_planned": sum(1 for e in ctx.entries if e.bucket is not None),  # DDP buckets = plan's
+                      "lent": sum(1 for e in ctx.entries if e.lend),
                       "skipped": outcome.skipped, "nonfinite": outcome.nonfinite}
         with ctx.lock:
             for entry in ctx.entries:
@@ -323,8 +333,15 @@ class HookSession:
         return like if _in_place(like) else _back(out, like)
 
 
+def _grads_in(buffer: torch.Tensor, params: list[torch.Tensor]) -> bool:
+    """Whether the parameters' ``.grad`` are views into the bucket's buffer (DDP's ``gradient_as_bucket_view``;
+    without it DDP copies the hook's result into separate gradients when backward ends)."""
+    storage = buffer.untyped_storage().data_ptr()
+    return all(p.grad is not None and p.grad.untyped_storage().data_ptr() == storage for p in params)
+
+
 def _grads_are_views(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> bool:
-    """Whether the parameters' gradients are views into the bucket's buffer (DDP's ``gradient_as_bucket_view``)."""
+    """Whether the bucket's gradients (DDP's views of this iteration's gradients in the buffer) lie in it."""
     grads = bucket.gradients()
     return len(grads) == len(params) and all(g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
                                              for g in grads)

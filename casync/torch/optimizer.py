@@ -13,7 +13,7 @@ its bucket once backward has accumulated it ``backward_passes_per_step`` times; 
 at once on a background thread while backward goes on.  ``synchronize()`` hands over what is missing
 (parameters that got no gradient count as zeros), waits, and writes the mean (or sum) into every ``.grad``.
 With gradient accumulation the summed local gradient of the ``k`` passes is synchronized (scale the loss by
-``1/k`` for a mean over passes, as with Horovod).  Parameters are broadcast from rank 0 at construction.
+``1/k`` for a mean over passes, as with Horovod).  Parameters, frozen ones too, are broadcast from rank 0 at construction.
 """
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self._params:
             raise ValueError("named_parameters has no parameter that requires a gradient")
         with torch.no_grad():
-            for _, p in self._params:  # every replica starts from rank 0's parameters
+            for _, p in named:  # every replica starts from rank 0's parameters, frozen ones too
                 host = p.detach().cpu().contiguous() if p.device.type != "cpu" or not p.is_contiguous() else p.data
                 group.broadcast_(host, "broadcasting parameters from rank 0")
                 if host is not p.data:
@@ -131,6 +131,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def ready(param: torch.Tensor) -> None:
+            if param.grad is not None and param.grad.layout != torch.strided:
+                raise TypeError(f"parameter {name!r} has a {param.grad.layout} gradient; casync syncs dense gradients "
+                                "only (e.g. nn.Embedding(sparse=False))")
             with self._lock:
                 count = self._passes.get(name, 0) + 1
                 if count > self.backward_passes_per_step:

@@ -52,6 +52,19 @@ def check_same_plan(group: CasyncGroup, fingerprint: str, describe: str) -> None
                                 "model and gradient buckets")
 
 
+def check_same_settings(group: CasyncGroup, settings: dict[str, Any]) -> None:
+    """Every rank's ``settings`` must be the same; raises :class:`PlanMismatchError` on every rank naming each
+    setting that differs."""
+    seen = group.gather_object(settings, "comparing the ranks' casync settings")
+    differ = {key: [s.get(key) for s in seen] for key in sorted({k for s in seen for k in s})
+              if len({repr(s.get(key)) for s in seen}) > 1}
+    if differ:
+        lines = "; ".join(f"{key}: " + ", ".join(f"rank {r} {v!r}" for r, v in enumerate(values))
+                          for key, values in differ.items())
+        raise PlanMismatchError(f"the ranks set casync up differently ({lines}); every rank must pass the same "
+                                "settings")
+
+
 def parameters_crc(tensors: Iterable[Any]) -> int:
     """CRC-32 of parameter values in the given order (as the Trainer's replica check computes it)."""
     import torch

@@ -20,7 +20,8 @@ from ..plan.syncplan import SyncPlan
 from .group import CasyncGroup
 from .plans import SyncOptions
 from .residuals import check_named, from_named, to_named
-from .runner import PlanRunner, check_replicas, check_same_plan, parameters_crc, plan_fingerprint
+from .runner import (PlanRunner, check_replicas, check_same_plan, check_same_settings, parameters_crc,
+                     plan_fingerprint)
 
 STATE_FORMAT = "casync.torch"
 STATE_VERSION = 1
@@ -56,8 +57,15 @@ class SyncState:
     def ensure_group(self) -> CasyncGroup:
         """casync's process groups (created on first use: every rank reaches this point together)."""
         if self.group is None:
-            self.group = CasyncGroup(self.process_group, self.timeout_s, self.transport)
+            group = CasyncGroup(self.process_group, self.timeout_s, self.transport)
+            check_same_settings(group, self.settings())
+            self.group = group
         return self.group
+
+    def settings(self) -> dict[str, Any]:
+        """What every rank must set alike besides the plan's options (first compared when the groups form, so a
+        difference is an error naming it, not a timeout in a collective that only some ranks make)."""
+        return {"transport": self.transport, "check_every": self.check_every}
 
     def ensure_runner(self) -> PlanRunner:
         """The plan's runner on this rank, with the residuals a checkpoint restored."""
@@ -192,8 +200,8 @@ class CasyncState(SyncState):
     them with ``timeout_s``.  ``strategy`` / ``codec`` / ``error_feedback`` / ``**plan_options``
     (``partitions``, ``two_way``, ``op``, ``seed``; ``cluster``, ``profile``, ``ready_times`` and
     ``bucket_bytes`` with ``"auto"``) are :func:`casync.build_plan`'s.  The first iterations sync uncompressed
-    (an all-reduce on casync's group) until DDP has rebuilt its buckets (iteration 1, whose buckets the plan
-    then uses) and until ``start_iter``; they count as steps.  ``min_compress_bytes``: smaller buckets stay
+    (an all-reduce on casync's group) until DDP has rebuilt its buckets (in its second iteration, the third with
+    ``static_graph``; the plan then uses those buckets) and until ``start_iter``; they count as steps.  ``min_compress_bytes``: smaller buckets stay
     uncompressed.  ``nonfinite``: ``"propagate"`` (default: a GradScaler sees the overflow and skips the step)
     or ``"skip"`` (every rank gets zeros, residuals unchanged); ``"raise"`` is refused, since an exception
     inside backward leaves DDP unusable.  ``check_every``: compare the replicas' parameters every that many
@@ -218,6 +226,9 @@ class CasyncState(SyncState):
         self.start_iter = start_iter
         self.model = model
         self.session: Any = None  # casync.torch.hook's per-process bookkeeping, made at the first hook call
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "start_iter": self.start_iter}
 
     @property
     def compressing(self) -> bool:

@@ -453,6 +453,15 @@ def test_engine_refuses_a_second_cluster_in_one_process(ray_local):
     plan = casync.build_plan(SHAPES, workers=2)
     with pytest.raises(ValueError, match="already connected to the Ray cluster at .*cannot also join '10.0.0.1:1'"):
         casync.RayEngine(plan, address="10.0.0.1:1")
+    import ray
+
+    from casync.runtime.ray_layer import connect_ray
+
+    port = ray.get_runtime_context().gcs_address.rpartition(":")[2]
+    with pytest.raises(ValueError, match=f"cannot also join '192.0.2.7:{port}'"):  # another host, the same port
+        connect_ray(f"192.0.2.7:{port}")
+    for same in (f"127.0.0.1:{port}", f"localhost:{port}"):  # this machine's cluster under another name
+        assert connect_ray(same) is False
 
 
 def test_cli_plan_by_tensor_name_shows_its_bucket(capsys):

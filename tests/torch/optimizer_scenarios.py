@@ -87,5 +87,16 @@ def training(rank: int, world: int) -> dict[str, Any]:
     opt2.load_state_dict(checkpoint["opt"])
     scheduler2.load_state_dict(checkpoint["sched"])
     run(model2, opt2, range(4, 7), scheduler2)
+    from torch.distributed.distributed_c10d import _world
+
+    for o in (opt, opt2):
+        o.close()
+    groups = len(_world.pg_map)
+    frozen = mlp(seed=rank)  # a frozen layer, different on every rank: rank 0's wins too
+    frozen[0].weight.requires_grad_(False)
+    opt3 = ct.DistributedOptimizer(torch.optim.SGD([p for p in frozen.parameters() if p.requires_grad], lr=0.05),
+                                   frozen.named_parameters(), codec="onebit")
+    opt3.close()
     return {"start": start, "losses": losses, "straight": straight, "resumed": params(model2),
-            "lr": opt.param_groups[0]["lr"]}
+            "lr": opt.param_groups[0]["lr"], "frozen": params(frozen)["0.weight"],
+            "groups_after_close": len(_world.pg_map) - groups}

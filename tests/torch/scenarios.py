@@ -63,7 +63,7 @@ def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5,
                          for n, p in model.module.named_parameters()})
         out.append({"grads": seen, "plan": state.plan.to_dict(), "compressing_from": 2,
                     "buckets": len(state.plan.buckets), "iteration": state.iter,
-                    "in_place": state.session.stats["in_place"]})
+                    "in_place": state.session.stats["in_place"], "lent": state.session.stats["lent"]})
     return out
 
 
@@ -177,9 +177,31 @@ def layouts(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
-def mismatched_plans(rank: int, world: int) -> Any:
-    """Rank 0 asks for onebit, the others for topk: the first compressed step must fail on every rank."""
-    state = ct.CasyncState(codec="onebit" if rank == 0 else "topk:ratio=0.1", timeout_s=20)
+def sparse_refused(rank: int, world: int) -> dict[str, str]:
+    """Sparse gradients (an nn.Embedding(sparse=True)) through the hook and through the optimizer: what is raised."""
+    out = {}
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    ddp = DDP(emb, find_unused_parameters=True)
+    ddp.register_comm_hook(ct.CasyncState(codec="onebit"), ct.comm_hook)
+    try:
+        ddp(torch.tensor([1, 2])).sum().backward()
+    except Exception as exc:
+        out["hook"] = f"{type(exc).__name__}: {exc}"
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    opt = ct.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), emb.named_parameters())
+    try:
+        emb(torch.tensor([1, 2])).sum().backward()
+    except Exception as exc:
+        out["optimizer"] = f"{type(exc).__name__}: {exc}"
+    opt.close()
+    return out
+
+
+def mismatched_plans(rank: int, world: int, setting: str = "codec") -> Any:
+    """Rank 0 asks for onebit, the others for topk: the first compressed step must fail on every rank; or
+    (``setting``) the ranks differ in a setting outside the plan, found when casync's groups form."""
+    other = {"codec": {"codec": "topk:ratio=0.1"}, "transport": {"transport": "gloo"}, "start_iter": {"start_iter": 3}}
+    state = ct.CasyncState(**{"codec": "onebit", "timeout_s": 20, **(other[setting] if rank else {})})
     start = time.monotonic()
     try:
         train(mlp(), rank, range(4), state)
@@ -229,6 +251,26 @@ def nonfinite(rank: int, world: int) -> dict[str, Any]:
                     np.array_equal(before[k], after[k]) for k in before)
                 out[f"{mode}_skipped"] = state.session.stats["skipped"]
         out[mode] = seen
+    return out
+
+
+def skip_in_warmup(rank: int, world: int) -> list[tuple[int, bool, float, Any]]:
+    """nonfinite="skip" with a NaN in rank 0's batch at a warm-up iteration (1) and a compressed one (4): per
+    iteration, whether a gradient is NaN, the sum of |gradient| and the hook's ``skipped``."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    state = ct.CasyncState(codec="onebit", nonfinite="skip", start_iter=3)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    out = []
+    for step in range(5):
+        ddp.zero_grad()
+        x = torch.ones(2, 4)
+        if rank == 0 and step in (1, 4):
+            x[0, 0] = float("nan")
+        ddp(x).sum().backward()
+        grad = model.weight.grad
+        out.append((step, bool(torch.isnan(grad).any()), float(grad.abs().sum()), state.session.stats.get("skipped")))
     return out
 
 

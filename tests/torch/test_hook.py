@@ -49,6 +49,9 @@ def test_hook_is_bit_identical_to_local_engine():
             assert in_place == {2}, config
         elif config["strategy"] == "allgather":
             assert in_place == {0}, config
+            # its result buffer is DDP's future value (DDP copies it into separate gradients), or, where the
+            # gradients are views into DDP's buffer, written there
+            assert {run["lent"] for run in runs} == ({0} if config.get("gradient_as_bucket_view") else {2}), config
         start = runs[0]["compressing_from"]
         for step in range(start):  # DDP's first iterations: uncompressed all-reduce, the exact mean
             exact = {n: np.mean([g[n] for g in step_grads(world, step)], axis=0) for n in SHAPES}
@@ -123,6 +126,13 @@ def test_the_plan_takes_ddps_final_buckets_with_static_graph_and_after_an_early_
         assert early["as_planned"] == dynamic["ddp_buckets"]
 
 
+def test_sparse_gradients_are_refused_clearly_by_the_hook_and_the_optimizer():
+    for r in ok(run_ranks("tests.torch.scenarios:sparse_refused", 2)):
+        assert "TypeError: DDP's bucket of ['weight'] holds torch.sparse_coo gradients" in r["hook"]
+        assert "TypeError: parameter 'weight' has a torch.sparse_coo gradient" in r["optimizer"]
+        assert all("dense gradients only" in m for m in r.values())
+
+
 def test_ranks_with_different_plans_fail_clearly_on_every_rank():
     results = run_ranks("tests.torch.scenarios:mismatched_plans", 2)
     for r in results:
@@ -130,6 +140,22 @@ def test_ranks_with_different_plans_fail_clearly_on_every_rank():
         assert r["kind"] == "PlanMismatchError", r
         assert "the ranks built different sync plans" in r["message"] and "rank 1:" in r["message"]
         assert r["iteration"] == 2  # the two uncompressed iterations ran; nothing was sent with the plans
+
+
+@pytest.mark.parametrize("setting", ["transport", "start_iter"])
+def test_ranks_with_different_settings_fail_clearly_on_every_rank_before_syncing(setting):
+    for r in run_ranks("tests.torch.scenarios:mismatched_plans", 2, setting=setting):
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "PlanMismatchError" and r["iteration"] == 0, r
+        assert f"the ranks set casync up differently ({setting}: rank 0 " in r["message"], r
+        assert r["elapsed"] < 15, r  # not a timeout
+
+
+def test_skip_voids_a_nonfinite_step_in_the_warm_up_too():
+    for r in ok(run_ranks("tests.torch.scenarios:skip_in_warmup", 2)):
+        assert [(step, nan, skipped) for step, nan, _, skipped in r] == [
+            (0, False, False), (1, False, True), (2, False, False), (3, False, False), (4, False, True)]
+        assert [total for step, _, total, _ in r if step in (1, 4)] == [0.0, 0.0]  # zeros on every rank
 
 
 def test_replica_drift_is_caught_on_every_rank():

@@ -48,6 +48,8 @@ def test_training_broadcasts_clips_schedules_and_resumes_exactly():
     results = ok(run_ranks("tests.torch.optimizer_scenarios:training", 2))
     for name in results[0]["start"]:
         assert np.array_equal(results[1]["start"][name], results[0]["start"][name])  # rank 0's parameters
+    assert np.array_equal(results[1]["frozen"], results[0]["frozen"])  # frozen ones too
+    assert [r["groups_after_close"] for r in results] == [0, 0]  # close() destroys casync's process groups
     for rank, r in enumerate(results):
         assert r["lr"] == 0.05 * 0.5 ** 3  # the scheduler drove the wrapped optimizer (7 steps, halving every 2)
         for name, value in r["straight"].items():
