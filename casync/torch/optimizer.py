@@ -237,7 +237,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Horovod's idiom (``synchronize(); ...; with opt.skip_synchronize(): opt.step()``): casync's ``step()``
-        already never syncs twice, so this only checks that :meth:`synchronize` ran."""
+        already never syncs twice, so this only checks that :meth:`synchronize` ran.  With a ``GradScaler``:
+        ``opt.synchronize(); scaler.unscale_(opt); with opt.skip_synchronize(): scaler.step(opt)`` (a bare
+        ``scaler.step(opt)`` unscales the local gradients, which ``step()`` then replaces with synced, scaled ones)."""
         if not self._synchronized:
             raise RuntimeError("skip_synchronize() without synchronize() first: the gradients are not synced")
         yield
