@@ -37,8 +37,9 @@ def executors(plan, hub, timeout_s=10.0, compute_threads=1, channel=None):
             for a in plan.actors}
 
 
-def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None, here=False):
-    """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others;
+def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None, here=False, gap=0.0):
+    """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others, and each
+    of the others ``gap`` s after the one before (a slow backward);
     ``out``: per actor, the result buffers to write into (copied away after the step, as callers do);
     ``here``: each worker's results are written over the gradients it provides (``flats``, then overwritten)."""
     got, errors = {}, {}
@@ -58,6 +59,7 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, 
                         threading.Timer(delay, ex.provide, (bucket, flats[who.index][bucket],
                                                             {f for f in flagged if f[0] == bucket}, here)).start()
                     else:
+                        time.sleep(gap)
                         ex.provide(bucket, flats[who.index][bucket], {f for f in flagged if f[0] == bucket}, here)
             results, res, _ = ex.finish()
             if here and who.is_worker:
@@ -256,30 +258,13 @@ def test_a_missing_gradient_times_out_naming_what_it_waits_for():
 
 
 def test_a_slow_backward_that_keeps_providing_is_not_cut_short():
-    """timeout_s bounds a step's silence, not its length: buckets handed over 0.4 s apart for 2 s in all, with
+    """timeout_s bounds a step's silence, not its length: six buckets handed over 0.4 s apart (2.4 s in all), with
     timeout_s=1, give LocalEngine's results (a backward slower than timeout_s on every rank is not a failure)."""
     plan, shapes = _many_buckets_plan("onebit")
     flats, _ = flatten_worker_grads(plan, make_grads(shapes, 2))
     want = casync.LocalEngine(plan).run_flat(flats)
     execs = executors(plan, LocalHub(timeout_s=5), timeout_s=1.0)
-    got, errors = {}, {}
-
-    def go(actor):
-        try:
-            ex, worker = execs[actor], Actor.parse(actor).index
-            ex.begin(0, {})
-            for bucket, flat in flats[worker].items():
-                time.sleep(0.4)
-                ex.provide(bucket, flat)
-            got[actor] = ex.finish()[0]
-        except BaseException as exc:
-            errors[actor] = exc
-
-    threads = [threading.Thread(target=go, args=(a,)) for a in plan.actors]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    got, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats, gap=0.4)
     assert not errors, errors
     assert len(plan.buckets) * 0.4 > 2 * 1.0
     for w in range(2):
