@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -93,6 +93,7 @@ def test_round_trip_sizes(codec, n):
 @codec_param
 @SETTINGS
 @given(x=arrays)
+@example(x=np.array([64.0] + [0.02] * 128, np.float32))  # float32 sums losing digits beside one large term
 def test_round_trip_hypothesis(codec, x):
     check_round_trip(codec, x)
 
@@ -285,7 +286,9 @@ def check_fp16(codec, x, payload, y):
 def check_onebit(codec, x, payload, y):
     s = payload["scale"][0]
     mean_abs = np.abs(x.astype(np.float64)).mean() if x.size else 0.0
-    assert np.isclose(s, mean_abs, rtol=1e-6, atol=0)
+    # the scale sums |x| in float32: n terms (all >= 0) carry at most n * eps of relative error, and a few of
+    # them beside a large one lose digits (hypothesis found 64 and 118 x 0.02: 3.1e-6)
+    assert np.isclose(s, mean_abs, rtol=max(1e-6, x.size * float(np.finfo(np.float32).eps)), atol=0)
     np.testing.assert_array_equal(payload["bits"], np.packbits(x < 0))
     np.testing.assert_array_equal(y, np.where(x < 0, -s, s).astype(np.float32))
 
