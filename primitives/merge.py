@@ -69,8 +69,9 @@ def merges_in_encode(codec: Codec | type) -> bool:
 
 class PendingMerge:
     """A merge not yet run, handed to the error-feedback encode that is its only reader: :meth:`into` computes
-    any block of it (bit for bit that block of :func:`run_merge`, which works element by element), and
-    :meth:`run` the whole."""
+    any block of it (bit for bit that block of :func:`run_merge`, which works element by element, except which
+    NaN a sum of two NaNs is in a block of one element: NumPy's one-element loop returns the other operand's),
+    and :meth:`run` the whole."""
 
     __slots__ = ("inputs", "divisor", "n")
 

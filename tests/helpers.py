@@ -23,6 +23,17 @@ def same_bits(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+def same_bits_but_nans(a, b) -> bool:
+    """:func:`same_bits`, except that any NaN equals any NaN at the same place: which NaN an operation on two
+    NaNs gives (its sign and payload) is left open by IEEE 754, and NumPy's one-element loop picks the other
+    operand than its vector loops do."""
+    a, b = np.array(a, copy=True), np.array(b, copy=True)
+    if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(np.isnan(a), np.isnan(b)):
+        return False
+    a[np.isnan(a)] = b[np.isnan(b)] = np.nan
+    return a.tobytes() == b.tobytes()
+
+
 def make_grads(shapes: dict, workers: int, seed: int = 0, dtype=np.float32) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
