@@ -432,9 +432,12 @@ class RankExecutor:
                 handle.wait()
                 transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
                 index = self._by_transfer.get(transfer)
-                if index is None or self.share.ops[index].peer != peer or step != self._step:
+                if (index is None or self.share.ops[index].peer != peer or step != self._step
+                        or self._complete[index]):  # a second copy would release its readers twice
                     raise SyncError(f"{self.actor}: unexpected message from {peer}: transfer {transfer} of step {step} "
-                                    f"(this actor is in step {self._step}); the actors run different plans or steps")
+                                    f"(this actor is in step {self._step}"
+                                    f"{', and has it already' if index is not None and self._complete[index] else ''}); "
+                                    "the actors run different plans or steps")
                 self._posted[index].wait()
                 payload = self._layouts[index].unpack(self._bodies[index])
                 if nside:

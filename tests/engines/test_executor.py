@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import casync
-from casync.engines.executor import RankExecutor
+from casync.engines.executor import HEADER_TAG, RankExecutor, body_tag
 from casync.engines.in_place import results_over_gradients
 from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import layouts, scan_worker
@@ -285,6 +285,27 @@ def test_actors_on_different_plans_fail_clearly_not_silently():
     _, errors = run_step(plan_a, execs, {a: {} for a in plan_a.actors}, 0, flats)
     assert errors
     assert any("different plans" in str(e) or "bytes" in str(e) for e in errors.values())
+
+
+def test_a_transfer_that_arrives_twice_fails_clearly():
+    """A peer (on another plan) sending one transfer twice: a named error, not its readers released twice."""
+    plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="none", partitions=2)
+    hub = LocalHub(timeout_s=3)
+    ex = executors(plan, hub, timeout_s=3.0)["worker:0"]
+    share = actor_shares(plan)["worker:0"]
+    index = min(share.recvs, key=lambda i: share.ops[i].transfer)  # worker:0 takes several from worker:1
+    op = share.ops[index]
+    ex.begin(0, {})
+    peer = hub.channel("worker:1")
+    for _ in range(2):
+        peer.isend(np.zeros(ex._layouts[index].nbytes, np.uint8), "worker:0", body_tag(op.transfer))
+        peer.isend(np.array([op.transfer, 0, 0, 0], np.int64).view(np.uint8), "worker:0", HEADER_TAG)
+    flats, _ = flatten_worker_grads(plan, make_grads(SHAPES, 2))
+    for bucket, flat in flats[0].items():
+        ex.provide(bucket, flat)
+    with pytest.raises(SyncError, match=rf"unexpected message from worker:1: transfer {op.transfer} of step 0 \(this "
+                                        r"actor is in step 0, and has it already\)"):
+        ex.finish()
 
 
 def test_a_step_cannot_begin_twice():
