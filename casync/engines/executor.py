@@ -142,6 +142,7 @@ class RankExecutor:
         for i in share.sends:
             self._to_peer[ops[i].peer] = self._to_peer.get(ops[i].peer, 0) + 1
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
+        self._sizes = {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}  # each bucket's numel
         # decodes whose one reader is a merge: the merge decodes them block by block (primitives.ops.Deferred);
         # merges whose one reader is an error-feedback encode: the encode computes them (primitives.ops.PendingMerge)
         self._deferred = {i for i, op in enumerate(ops)
@@ -222,16 +223,13 @@ class RankExecutor:
 
     def new_result_buffers(self) -> dict[str, np.ndarray]:
         """Fresh result buffers, one per bucket: what a caller that reuses them passes as ``begin(out=)``."""
-        return {b: np.empty(n, np.float32) for b, n in self._result_sizes().items()}
-
-    def _result_sizes(self) -> dict[str, int]:
-        return {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}
+        return {b: np.empty(n, np.float32) for b, n in self._sizes.items()}
 
     def _result_buffers(self, out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """One result buffer per bucket: ``out``'s, checked, or fresh ones."""
         if out is None:
             return self.new_result_buffers()
-        sizes = self._result_sizes()
+        sizes = self._sizes
         if set(out) != set(sizes):
             raise ValueError(f"{self.actor}: out= must have one buffer per bucket {sorted(sizes)}, got {sorted(out)}")
         for b, n in sizes.items():
@@ -251,7 +249,7 @@ class RankExecutor:
         last read of its gradient (a DDP bucket buffer: no copy back).  Only for the buckets in
         :attr:`overwritable`, where the plan orders every read before the writes; a step that fails leaves
         ``flat`` part gradient, part result."""
-        n = self._result_sizes().get(bucket)
+        n = self._sizes.get(bucket)
         if n is None:
             raise ValueError(f"{self.actor}: gradient for bucket {bucket!r}, which the plan does not have "
                              f"(its buckets: {sorted(self.partitions)[:8]})")
@@ -432,11 +430,10 @@ class RankExecutor:
                 handle.wait()
                 transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
                 index = self._by_transfer.get(transfer)
-                if (index is None or self.share.ops[index].peer != peer or step != self._step
-                        or self._complete[index]):  # a second copy would release its readers twice
+                again = index is not None and self._complete[index]  # a second copy would release its readers twice
+                if index is None or again or self.share.ops[index].peer != peer or step != self._step:
                     raise SyncError(f"{self.actor}: unexpected message from {peer}: transfer {transfer} of step {step} "
-                                    f"(this actor is in step {self._step}"
-                                    f"{', and has it already' if index is not None and self._complete[index] else ''}); "
+                                    f"(this actor is in step {self._step}{', and has it already' if again else ''}); "
                                     "the actors run different plans or steps")
                 self._posted[index].wait()
                 payload = self._layouts[index].unpack(self._bodies[index])

@@ -249,7 +249,7 @@ class HookSession:
             if _in_place(buffer) and exact in runner.overwritable:  # results written into DDP's buffer: no copy
                 entry.here = flat
             else:
-                entry.lend = _in_place(buffer) and not _grads_in(buffer, list(bucket.parameters()))
+                entry.lend = _in_place(buffer) and not _all_in(buffer, [p.grad for p in bucket.parameters()])
             runner.provide(exact, flat, results_here=entry.here is not None)
         else:
             for name, offset in zip(names, offsets):
@@ -333,24 +333,19 @@ class HookSession:
         return like if _in_place(like) else _back(out, like)
 
 
-def _grads_in(buffer: torch.Tensor, params: list[torch.Tensor]) -> bool:
-    """Whether the parameters' ``.grad`` are views into the bucket's buffer (DDP's ``gradient_as_bucket_view``;
-    without it DDP copies the hook's result into separate gradients when backward ends)."""
+def _all_in(buffer: torch.Tensor, tensors: list[torch.Tensor | None]) -> bool:
+    """Whether every tensor is a view into ``buffer``'s memory.  For the parameters' ``.grad``: DDP's
+    ``gradient_as_bucket_view`` (without it DDP copies the hook's result into separate gradients when backward
+    ends); for ``bucket.gradients()``: DDP's views of this iteration's gradients in the buffer."""
     storage = buffer.untyped_storage().data_ptr()
-    return all(p.grad is not None and p.grad.untyped_storage().data_ptr() == storage for p in params)
-
-
-def _grads_are_views(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> bool:
-    """Whether the bucket's gradients (DDP's views of this iteration's gradients in the buffer) lie in it."""
-    grads = bucket.gradients()
-    return len(grads) == len(params) and all(g.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-                                             for g in grads)
+    return all(t is not None and t.untyped_storage().data_ptr() == storage for t in tensors)
 
 
 def _offsets(bucket: dist.GradBucket, buffer: torch.Tensor, params: list[torch.Tensor]) -> list[int]:
     """Where each parameter's gradient starts in the bucket's flat buffer (from DDP's views into it)."""
-    if _grads_are_views(bucket, buffer, params):
-        return [g.storage_offset() - buffer.storage_offset() for g in bucket.gradients()]
+    grads = bucket.gradients()
+    if len(grads) == len(params) and _all_in(buffer, grads):
+        return [g.storage_offset() - buffer.storage_offset() for g in grads]
     offsets, at = [], 0
     for p in params:
         offsets.append(at)

@@ -13,7 +13,8 @@ its bucket once backward has accumulated it ``backward_passes_per_step`` times; 
 at once on a background thread while backward goes on.  ``synchronize()`` hands over what is missing
 (parameters that got no gradient count as zeros), waits, and writes the mean (or sum) into every ``.grad``.
 With gradient accumulation the summed local gradient of the ``k`` passes is synchronized (scale the loss by
-``1/k`` for a mean over passes, as with Horovod).  Parameters, frozen ones too, are broadcast from rank 0 at construction.
+``1/k`` for a mean over passes, as with Horovod).  Parameters, frozen ones too, are broadcast from rank 0 at
+construction.
 """
 from __future__ import annotations
 

@@ -201,10 +201,10 @@ class CasyncState(SyncState):
     (``partitions``, ``two_way``, ``op``, ``seed``; ``cluster``, ``profile``, ``ready_times`` and
     ``bucket_bytes`` with ``"auto"``) are :func:`casync.build_plan`'s.  The first iterations sync uncompressed
     (an all-reduce on casync's group) until DDP has rebuilt its buckets (in its second iteration, the third with
-    ``static_graph``; the plan then uses those buckets) and until ``start_iter``; they count as steps.  ``min_compress_bytes``: smaller buckets stay
-    uncompressed.  ``nonfinite``: ``"propagate"`` (default: a GradScaler sees the overflow and skips the step)
-    or ``"skip"`` (every rank gets zeros, residuals unchanged); ``"raise"`` is refused, since an exception
-    inside backward leaves DDP unusable.  ``check_every``: compare the replicas' parameters every that many
+    ``static_graph``; the plan then uses those buckets) and until ``start_iter``; they count as steps.
+    ``min_compress_bytes``: smaller buckets stay uncompressed.  ``nonfinite``: ``"propagate"`` (default: a
+    GradScaler sees the overflow and skips the step) or ``"skip"`` (every rank gets zeros, residuals
+    unchanged); ``"raise"`` is refused, since an exception inside backward leaves DDP unusable.  ``check_every``: compare the replicas' parameters every that many
     steps (0: never).  ``model``: the DDP module (or its wrapped module), to name parameters; by default the
     hook finds the DDP module it is registered on.  ``transport``: ``"direct"`` (shared memory between ranks of
     one machine) or ``"gloo"``.  ``compute_threads``: ops a rank runs at once (``RayEngine``'s meaning; give
