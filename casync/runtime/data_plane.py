@@ -2,8 +2,10 @@
 
 The actors of an engine (RayEngine's or a Trainer's) form one torch.distributed process group, set up as Ray
 Train sets up its workers: the first actor picks its node's address and a port, all of them call
-``init_process_group`` at once.  With ``transport="direct"`` actors on one node also map each other's
-shared-memory receive arenas (``casync.transport.shm``), and every name is unlinked once mapped.
+``init_process_group`` at once.  With ``transport="direct"`` actors on one node map each other's
+shared-memory receive arenas (``casync.transport.shm``; every name is unlinked once mapped) and send each
+other the rest over Unix sockets (``casync.transport.sockets``); the process group is formed only when the
+actors span several nodes, so on one machine they never import torch nor open a port.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import ray
 
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
+from ..transport.base import RoutedChannel
 from ..transport.shm import Arena, ShmChannel, arenas
+from ..transport.sockets import SocketChannel
 from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
 
 
@@ -25,30 +29,42 @@ class DataPlaneMember:
     timeout_s: float
     name: str
     _channel: Any = None
+    _sockets: SocketChannel | None = None
 
     def rendezvous(self, port: int | None) -> tuple[str, int]:
         """Where the group meets: this actor's node address and a free (or the configured) port."""
         return ray.util.get_node_ip_address(), port or free_port()
 
-    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str, ifname: str | None,
-                shm: tuple[dict[str, Arena], str] | None = None) -> str:
-        """Join the group (every actor calls this at once) and, with ``shm`` (arena layout, name prefix),
-        create this actor's shared-memory arena; returns the network interface gloo uses."""
-        ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
-        init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
-                   ifname=ifname)
-        channel: Any = TorchChannel(self.name, ranks)
+    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str | None, ifname: str | None,
+                shm: tuple[dict[str, Arena], str] | None = None,
+                near: tuple[list[str], str] | None = None) -> str:
+        """Join the group (every actor calls this at once; ``backend`` None: no process group), with ``shm``
+        (arena layout, name prefix) create this actor's shared-memory arena, and with ``near`` (the peers on
+        this node, a name prefix) listen for their sockets; returns the network interface gloo uses ("" when
+        there is no process group)."""
+        far: Any = None
+        if backend is not None:
+            ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
+            init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
+                       ifname=ifname)
+            far = TorchChannel(self.name, ranks)
+        channel = far
+        if near is not None and near[0]:
+            self._sockets = SocketChannel(self.name, near[0], near[1], self.timeout_s)
+            channel = RoutedChannel(self.name, self._sockets, near[0], far)
         if shm is not None:
             channel = ShmChannel(channel, self.name, shm[0], shm[1])
         self._channel = channel
         self._on_channel(channel)
-        return ifname or ""
+        return (ifname or "") if backend is not None else ""
 
     def _on_channel(self, channel: Any) -> None:
         raise TypeError(f"{type(self).__name__} must define _on_channel")
 
     def attach(self) -> None:
-        """Map the arenas of the same-node peers (every actor created its own first)."""
+        """Connect to the same-node peers' sockets and map their arenas (every actor made its own first)."""
+        if self._sockets is not None:
+            self._sockets.connect()
         if isinstance(self._channel, ShmChannel):
             self._channel.attach()
 
@@ -73,17 +89,22 @@ def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transp
     names = list(actors)
     master, port = get([actors[names[0]].rendezvous.remote(options.get("port"))], "starting the data plane")[0]
     ranks = {name: rank for rank, name in enumerate(names)}
-    shm = None
+    backend: str | None = "nccl" if transport == "nccl" else "gloo"
+    shm, near = None, {n: None for n in names}
     if transport == "direct":
         nodes = dict(zip(names, get([actors[n].node_id.remote() for n in names], "locating the actors")))
+        prefix = f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}"
         # one slot per transfer of every plan the actors run (a Trainer's full-precision plan too)
         layout = arenas([t for plan, base in plans for t in plan_transfers(plan, base)], nodes)
-        shm = (layout, f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}") if layout else None
-    backend = "nccl" if transport == "nccl" else "gloo"
+        shm = (layout, prefix) if layout else None
+        near = {n: ([p for p in names if p != n and nodes[p] == nodes[n]], prefix) for n in names}
+        if len(set(nodes.values())) == 1:
+            backend = None  # one machine: sockets and shared memory carry everything
+    where = f"forming the {backend} process group at {master}:{port}" if backend else "connecting the actors"
     interfaces = dict(zip(names, get([actors[n].connect.remote(ranks, master, port, backend, options.get("ifname"),
-                                                               shm) for n in names],
-                                     f"forming the {backend} process group at {master}:{port}")))
+                                                               shm, near[n]) for n in names], where)))
+    if transport == "direct":
+        get([a.attach.remote() for a in actors.values()], "connecting the actors on each node")
     if shm is not None:
-        get([a.attach.remote() for a in actors.values()], "mapping shared memory")
         get([a.unlink.remote() for a in actors.values()], "mapping shared memory")
     return interfaces

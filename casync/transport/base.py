@@ -3,19 +3,20 @@
 A :class:`Channel` connects the actors of one plan (workers and dedicated servers).  ``isend``/``irecv``
 return a handle whose ``wait()`` blocks until the buffer may be reused (send) or is filled (receive);
 messages between two actors with the same tag arrive in the order they were sent.  Implementations:
-:class:`LocalHub` (threads of one process; tests and debugging) and ``casync.transport.torchdist``
-(a ``torch.distributed`` process group: gloo on CPU, NCCL on GPU).
+:class:`LocalHub` (threads of one process; tests and debugging), ``casync.transport.sockets`` (Unix sockets
+between the processes of one machine) and ``casync.transport.torchdist`` (a ``torch.distributed`` process
+group: gloo on CPU, NCCL on GPU); :class:`RoutedChannel` combines the second and third.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import defaultdict, deque
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import numpy as np
 
-from ..errors import SyncTimeoutError, WorkerLostError
+from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 
 
 class Handle(Protocol):
@@ -99,3 +100,36 @@ class LocalChannel:
 
     def abort(self, reason: str) -> None:
         self.hub.abort(reason)
+
+
+class RoutedChannel:
+    """Two channels as one: messages to and from ``near_peers`` through ``near`` (sockets on this machine),
+    every other peer's through ``far`` (the process group between machines)."""
+
+    def __init__(self, actor: str, near: Channel, near_peers: Iterable[str], far: Channel | None):
+        self.actor = actor
+        self.near, self.far = near, far
+        self.near_peers = frozenset(near_peers)
+
+    def _route(self, peer: str) -> Channel:
+        if peer in self.near_peers:
+            return self.near
+        if self.far is None:
+            raise SyncError(f"{self.actor}: {peer} is not on this machine and no channel between machines was formed")
+        return self.far
+
+    def isend(self, buf: np.ndarray, peer: str, tag: int) -> Handle:
+        return self._route(peer).isend(buf, peer, tag)
+
+    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> Handle:
+        return self._route(peer).irecv(buf, peer, tag)
+
+    def abort(self, reason: str) -> None:
+        for channel in (self.near, self.far):
+            if channel is not None:
+                channel.abort(reason)
+
+    def close(self) -> None:
+        for channel in (self.near, self.far):
+            if channel is not None and hasattr(channel, "close"):
+                channel.close()

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+import ray
 
 import casync
 from casync.runtime.ray_engine import RayEngine
@@ -87,6 +88,26 @@ def test_results_come_through_shared_memory_and_stay_the_callers(ray_local):
                 for name in SHAPES:
                     np.testing.assert_array_equal(np.asarray(got[w][name]), copy[w][name])
     assert ours() == before
+
+
+def test_actors_on_one_machine_need_no_process_group_nor_torch(ray_local):
+    """On one machine the default transport is shared memory and Unix sockets: the actors form no process group
+    (no port), never import torch (about 1.7 s of an actor's start here), and a dead one is seen at once."""
+    import sys
+
+    from casync.errors import WorkerLostError
+
+    plan = casync.build_plan(SHAPES, workers=3, strategy="ps", codec="onebit", bucket_bytes=2048)
+    with RayEngine(plan, timeout_s=30) as engine:
+        assert engine.interfaces == {a: "" for a in plan.actors}
+        engine.sync(make_grads(SHAPES, 3, seed=0))
+        imported = ray.get([h.__ray_call__.remote(lambda self: "torch" in sys.modules) for h in engine.actors.values()])
+        assert imported == [False] * len(plan.actors)
+        ray.kill(engine.actors["worker:2"])
+        t0 = time.monotonic()
+        with pytest.raises(WorkerLostError):
+            engine.sync(make_grads(SHAPES, 3, seed=1))
+        assert time.monotonic() - t0 < 15  # half the engine's timeout: the dead peer is seen, not waited out
 
 
 def test_compute_threads_are_checked(ray_local):

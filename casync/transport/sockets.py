@@ -1,0 +1,238 @@
+"""Unix-domain sockets between the actors on one machine: the base channel under shared memory, without torch.
+
+Shared memory carries the payload bodies between actors on a machine (``casync.transport.shm``); what is left
+is small messages (headers, the NaN/Inf side channel, bodies too big for their slot).  Over a socket per peer
+and direction they need no process group, so actors on one machine never import torch nor open a TCP port,
+and a peer that dies is seen at once as a closed connection.  Messages are framed ``(tag, nbytes, bytes)``;
+a reader thread per incoming connection fills the receive posted for the tag (in order), or keeps the message
+until one is posted.  Socket names live in Linux's abstract namespace: nothing on disk, gone with the process.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+from collections import defaultdict, deque
+from typing import Iterable
+
+import numpy as np
+
+from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+
+_FRAME = struct.Struct("<qq")  # tag, body bytes
+_HELLO = struct.Struct("<H")  # length of the connecting actor's name
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+_DONE = _Done()
+
+
+class _Receive:
+    """A posted receive: ``wait()`` returns once the reader thread filled ``buf``, raises what failed it."""
+
+    __slots__ = ("buf", "event", "error", "channel", "peer", "tag")
+
+    def __init__(self, buf: np.ndarray, channel: "SocketChannel", peer: str, tag: int):
+        self.buf, self.channel, self.peer, self.tag = buf, channel, peer, tag
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.event.set()
+
+    def wait(self) -> None:
+        if not self.event.wait(self.channel.timeout_s):
+            raise SyncTimeoutError(f"{self.channel.actor}: nothing from {self.peer} (tag {self.tag}) within "
+                                   f"{self.channel.timeout_s:g}s")
+        if self.error is not None:
+            raise self.error
+
+
+class _Incoming:
+    """One peer's messages to this actor: receives posted ahead per tag, and messages that came first."""
+
+    def __init__(self) -> None:
+        self.posted: dict[int, deque[_Receive]] = defaultdict(deque)
+        self.early: dict[int, deque[np.ndarray]] = defaultdict(deque)
+        self.error: BaseException | None = None
+
+
+class SocketChannel:
+    """An actor's end of the sockets to ``peers`` (actors on its machine).  Set up in two steps every actor
+    takes together: construct (listen), then :meth:`connect` (connect to every peer, accept every peer)."""
+
+    def __init__(self, actor: str, peers: Iterable[str], prefix: str, timeout_s: float = 60.0):
+        self.actor = actor
+        self.peers = sorted(set(peers) - {actor})
+        self.prefix = prefix
+        self.timeout_s = float(timeout_s)
+        self._lock = threading.Lock()
+        self._incoming = {p: _Incoming() for p in self.peers}
+        self._out: dict[str, socket.socket] = {}
+        self._send_locks = {p: threading.Lock() for p in self.peers}
+        self._in: list[socket.socket] = []
+        self._aborted: str | None = None
+        self._closed = False
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self._address(actor))
+        self._listener.listen(len(self.peers) + 1)
+
+    def _address(self, actor: str) -> str:
+        return f"\0{self.prefix}-{actor}"
+
+    def connect(self) -> None:
+        """Open one connection to each peer (they all listen already) and accept one from each."""
+        for peer in self.peers:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.timeout_s)  # bounds a send to a peer that stopped reading
+            try:
+                sock.connect(self._address(peer))
+            except OSError as exc:
+                sock.close()
+                raise WorkerLostError(f"{self.actor}: cannot connect to {peer} on this machine: {exc}") from None
+            name = self.actor.encode()
+            sock.sendall(_HELLO.pack(len(name)) + name)
+            self._out[peer] = sock
+        self._listener.settimeout(self.timeout_s)
+        for _ in self.peers:
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                raise SyncTimeoutError(f"{self.actor}: not every peer on this machine connected within "
+                                       f"{self.timeout_s:g}s") from None
+            sock.settimeout(self.timeout_s)
+            (size,) = _HELLO.unpack(_read(sock, _HELLO.size))
+            peer = _read(sock, size).decode()
+            if peer not in self._incoming:
+                sock.close()
+                raise SyncError(f"{self.actor}: a connection from {peer!r}, which is not one of its peers {self.peers}")
+            sock.settimeout(None)  # a reader waits as long as the actor lives (steps may be far apart)
+            self._in.append(sock)
+            threading.Thread(target=self._read_loop, args=(sock, peer), daemon=True,
+                             name=f"casync-socket-{self.actor}<-{peer}").start()
+        self._listener.close()
+
+    # -- the Channel protocol ---------------------------------------------------------------------------------
+    def isend(self, buf: np.ndarray, peer: str, tag: int) -> _Done:
+        self._check(peer)
+        data = memoryview(np.ascontiguousarray(buf)).cast("B")
+        try:
+            with self._send_locks[peer]:
+                sock = self._out[peer]
+                sock.sendall(_FRAME.pack(tag, data.nbytes))
+                sock.sendall(data)
+        except socket.timeout:
+            raise SyncTimeoutError(f"{self.actor}: {peer} took no message (tag {tag}) for {self.timeout_s:g}s") from None
+        except OSError as exc:
+            raise WorkerLostError(f"{self.actor}: sending to {peer} failed: {exc}") from None
+        return _DONE
+
+    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> _Receive | _Done:
+        self._check(peer)
+        incoming = self._incoming[peer]
+        with self._lock:
+            if incoming.early[tag]:
+                data = incoming.early[tag].popleft()
+            else:
+                if incoming.error is not None:
+                    raise incoming.error
+                receive = _Receive(buf, self, peer, tag)
+                incoming.posted[tag].append(receive)
+                return receive
+        _fill(buf, data, self.actor, peer, tag)
+        return _DONE
+
+    def abort(self, reason: str) -> None:
+        """Refuse further transfers and fail every receive still waiting."""
+        with self._lock:
+            self._aborted = reason
+            for incoming in self._incoming.values():
+                self._fail(incoming, SyncError(f"{self.actor}: the data plane was aborted: {reason}"))
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in [*self._out.values(), *self._in, self._listener]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    # -- inside --------------------------------------------------------------------------------------------
+    def _check(self, peer: str) -> None:
+        if self._aborted:
+            raise SyncError(f"{self.actor}: the data plane was aborted: {self._aborted}")
+        if peer not in self._incoming:
+            raise SyncError(f"{self.actor}: no socket to {peer!r} (peers on this machine: {self.peers})")
+
+    @staticmethod
+    def _fail(incoming: _Incoming, error: BaseException) -> None:
+        """(Under the lock.)  Fail ``incoming``'s posted receives and every later one."""
+        if incoming.error is None:
+            incoming.error = error
+        for queue in incoming.posted.values():
+            while queue:
+                queue.popleft().fail(error)
+
+    def _read_loop(self, sock: socket.socket, peer: str) -> None:
+        incoming = self._incoming[peer]
+        try:
+            while True:
+                tag, nbytes = _FRAME.unpack(_read(sock, _FRAME.size))
+                with self._lock:
+                    queue = incoming.posted[tag]
+                    receive = queue.popleft() if queue else None
+                if receive is None:
+                    data = np.empty(nbytes, np.uint8)
+                    _read_into(sock, memoryview(data))
+                    with self._lock:
+                        if incoming.posted[tag]:  # posted while it was being read
+                            receive = incoming.posted[tag].popleft()
+                        else:
+                            incoming.early[tag].append(data)
+                    if receive is not None:
+                        try:
+                            _fill(receive.buf, data, self.actor, peer, tag)
+                        except BaseException as exc:
+                            receive.fail(exc)
+                        else:
+                            receive.event.set()
+                elif receive.buf.nbytes != nbytes:
+                    _read_into(sock, memoryview(np.empty(nbytes, np.uint8)))
+                    receive.fail(_size_error(self.actor, peer, tag, nbytes, receive.buf.nbytes))
+                else:
+                    _read_into(sock, memoryview(receive.buf).cast("B"))
+                    receive.event.set()
+        except (OSError, EOFError) as exc:
+            reason = "closed its connection" if isinstance(exc, EOFError) else f"connection failed ({exc})"
+            with self._lock:
+                self._fail(incoming, WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)"))
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = bytearray(n)
+    _read_into(sock, memoryview(data))
+    return bytes(data)
+
+
+def _read_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < view.nbytes:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError
+        got += k
+
+
+def _fill(buf: np.ndarray, data: np.ndarray, actor: str, peer: str, tag: int) -> None:
+    if buf.nbytes != data.nbytes:
+        raise _size_error(actor, peer, tag, data.nbytes, buf.nbytes)
+    memoryview(buf).cast("B")[:] = memoryview(data).cast("B")
+
+
+def _size_error(actor: str, peer: str, tag: int, got: int, want: int) -> SyncError:
+    return SyncError(f"{actor}: a message of {got} bytes from {peer} (tag {tag}) for a buffer of {want}")

@@ -1,0 +1,167 @@
+"""Unix sockets between the actors of one machine (``casync.transport.sockets``): framing, order, failures,
+and the executor over them (with shared memory, and routed beside another channel between machines)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import casync
+from casync.errors import SyncError, SyncTimeoutError, WorkerLostError
+from casync.schedule import plan_transfers
+from casync.transport.base import LocalHub, RoutedChannel
+from casync.transport.shm import ShmChannel, arenas
+from casync.transport.sockets import SocketChannel
+from tests.engines.test_executor import SHAPES, check_hub_against_local_engine, executors
+
+
+def connected(actors, timeout_s=10.0, groups=None):
+    """A SocketChannel per actor, each connected to the others of its group (all of ``actors`` by default)."""
+    prefix = f"casynctest{os.getpid()}x{uuid.uuid4().hex[:6]}"
+    groups = groups or [list(actors)]
+    channels = {a: SocketChannel(a, g, prefix, timeout_s) for g in groups for a in g}
+    errors = []
+
+    def connect(channel):
+        try:
+            channel.connect()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=connect, args=(c,)) for c in channels.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    return channels
+
+
+@pytest.fixture
+def pair():
+    channels = connected(["worker:0", "worker:1"], timeout_s=5.0)
+    yield channels["worker:0"], channels["worker:1"]
+    for c in channels.values():
+        c.close()
+
+
+def test_messages_of_one_tag_arrive_in_order_whether_posted_before_or_after(pair):
+    a, b = pair
+    early = [np.empty(3, np.int64) for _ in range(2)]
+    posted = [b.irecv(buf, "worker:0", 7) for buf in early]  # posted before anything was sent
+    for i in range(4):
+        a.isend(np.arange(3, dtype=np.int64) + 10 * i, "worker:1", 7)
+    a.isend(np.full(5, 2.5, np.float32), "worker:1", 9)
+    for handle in posted:
+        handle.wait()
+    late = [np.empty(3, np.int64) for _ in range(2)]
+    time.sleep(0.05)  # these messages have arrived before their receives are posted
+    for buf in late:
+        b.irecv(buf, "worker:0", 7).wait()
+    other = np.empty(5, np.float32)
+    b.irecv(other, "worker:0", 9).wait()
+    assert [list(x) for x in early + late] == [[0, 1, 2], [10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    assert (other == 2.5).all()
+
+
+def test_large_messages_both_ways_at_once_do_not_deadlock(pair):
+    """Bodies far over a socket's buffer, sent by both ends at the same time (each end's reader drains)."""
+    a, b = pair
+    n = 4 << 20
+    data = {c.actor: np.random.default_rng(i).standard_normal(n).astype(np.float32) for i, c in enumerate(pair)}
+    got = {c.actor: np.empty(n, np.float32) for c in pair}
+    handles = {c.actor: c.irecv(got[c.actor], peer, 1) for c, peer in ((a, "worker:1"), (b, "worker:0"))}
+    senders = [threading.Thread(target=c.isend, args=(data[c.actor], peer, 1))
+               for c, peer in ((a, "worker:1"), (b, "worker:0"))]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join(20)
+    for handle in handles.values():
+        handle.wait()
+    assert np.array_equal(got["worker:0"], data["worker:1"]) and np.array_equal(got["worker:1"], data["worker:0"])
+
+
+def test_a_message_of_the_wrong_size_is_an_error_naming_peer_and_tag(pair):
+    a, b = pair
+    handle = b.irecv(np.empty(4, np.uint8), "worker:0", 3)
+    a.isend(np.zeros(6, np.uint8), "worker:1", 3)
+    with pytest.raises(SyncError, match=r"6 bytes from worker:0 \(tag 3\) for a buffer of 4"):
+        handle.wait()
+    a.isend(np.ones(4, np.uint8), "worker:1", 3)  # the stream is still in step: the next message is intact
+    buf = np.empty(4, np.uint8)
+    b.irecv(buf, "worker:0", 3).wait()
+    assert (buf == 1).all()
+
+
+def test_a_peer_that_goes_away_fails_waiting_and_later_receives_at_once(pair):
+    a, b = pair
+    handle = b.irecv(np.empty(8, np.uint8), "worker:0", 1)
+    t0 = time.monotonic()
+    a.close()  # as a killed process's sockets are
+    with pytest.raises(WorkerLostError, match="worker:0 closed its connection"):
+        handle.wait()
+    assert time.monotonic() - t0 < 2.0  # not the 5 s timeout
+    with pytest.raises(WorkerLostError, match="worker:0"):
+        b.irecv(np.empty(8, np.uint8), "worker:0", 2)
+
+
+def test_silence_is_a_timeout_and_abort_fails_a_waiting_receive(pair):
+    a, b = pair
+    b.timeout_s = 0.3
+    with pytest.raises(SyncTimeoutError, match=r"worker:1: nothing from worker:0 \(tag 4\) within 0.3s"):
+        b.irecv(np.empty(8, np.uint8), "worker:0", 4).wait()
+    handle = b.irecv(np.empty(8, np.uint8), "worker:0", 5)
+    threading.Timer(0.1, b.abort, ("a peer failed",)).start()
+    with pytest.raises(SyncError, match="aborted: a peer failed"):
+        handle.wait()
+    with pytest.raises(SyncError, match="aborted"):
+        b.isend(np.zeros(1, np.uint8), "worker:0", 1)
+
+
+def test_an_actor_that_is_not_a_peer_is_refused(pair):
+    with pytest.raises(SyncError, match="no socket to 'worker:7'"):
+        pair[0].isend(np.zeros(1, np.uint8), "worker:7", 1)
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])
+def test_executors_over_sockets_and_shared_memory_are_local_engines(strategy):
+    """One machine as RayEngine's default transport runs it: bodies in shared memory, the rest over sockets."""
+    plan = casync.build_plan(SHAPES, workers=3, codec="onebit", partitions=2, bucket_bytes=600, strategy=strategy)
+    actors = plan.actors
+    layout = arenas(plan_transfers(plan), {a: "n0" for a in actors})
+    sockets = connected(actors)
+    prefix = f"casynctest{os.getpid()}x{uuid.uuid4().hex[:6]}"
+    channels = {a: ShmChannel(sockets[a], a, layout, prefix) for a in actors}
+    try:
+        for c in channels.values():
+            c.attach()
+        for c in channels.values():
+            c.unlink()
+        check_hub_against_local_engine(plan, 1, execs=executors(plan, None, channel=channels.__getitem__))
+    finally:
+        for c in [*channels.values(), *sockets.values()]:
+            c.close()
+
+
+def test_sockets_on_each_machine_and_another_channel_between_them():
+    """Two machines of two actors: same-machine messages over sockets, the others over the base channel."""
+    plan = casync.build_plan(SHAPES, workers=4, codec="topk:ratio=0.2", partitions=4, bucket_bytes=600,
+                             strategy="ring")
+    actors = plan.actors
+    machines = [actors[:2], actors[2:]]
+    sockets = connected(actors, groups=machines)
+    hub = LocalHub(timeout_s=10)
+    near = {a: [p for p in m if p != a] for m in machines for a in m}
+    channels = {a: RoutedChannel(a, sockets[a], near[a], hub.channel(a)) for a in actors}
+    try:
+        check_hub_against_local_engine(plan, 1, execs=executors(plan, None, channel=channels.__getitem__))
+    finally:
+        for c in channels.values():
+            c.close()
+    with pytest.raises(SyncError, match="not on this machine and no channel between machines"):
+        RoutedChannel(actors[0], sockets[actors[0]], near[actors[0]], None).isend(np.zeros(1), actors[3], 1)
