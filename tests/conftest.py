@@ -1,5 +1,8 @@
-"""Shared fixtures: one embedded Ray per module, a multi-node Ray cluster, and the markers' rules."""
+"""Shared fixtures: an embedded Ray shared by the modules in turn, a multi-node Ray cluster, and the markers' rules."""
 from __future__ import annotations
+
+import sys
+import time
 
 import pytest
 
@@ -11,17 +14,55 @@ def grads_factory():
     return make_grads
 
 
+_EMBEDDED: dict[str, str] = {}  # the GCS address of the embedded Ray this session started last
+
+
 @pytest.fixture(scope="module")
 def ray_local():
-    """One embedded local Ray per test module (starting Ray costs seconds), torn down after the module."""
+    """An embedded local Ray, shared by the modules that use it one after another (starting Ray costs ~4 s).
+
+    A module gets a fresh one when the last was shut down (by a test, or for a cluster module), or when it
+    was left holding CPUs: a module that leaves actors or reservations behind never leaks into the next."""
     ray = pytest.importorskip("ray")
     from casync.runtime.ray_layer import connect_ray
 
-    if ray.is_initialized():
-        ray.shutdown()
-    connect_ray(None, num_cpus=4, object_store_memory=256 * 2**20)  # embedded, bound to 127.0.0.1
+    if not (ray.is_initialized() and ray.get_runtime_context().gcs_address == _EMBEDDED.get("address")):
+        if ray.is_initialized():
+            ray.shutdown()
+        connect_ray(None, num_cpus=4, object_store_memory=256 * 2**20)  # embedded, bound to 127.0.0.1
+        _EMBEDDED["address"] = ray.get_runtime_context().gcs_address
     yield ray
-    ray.shutdown()
+    if ray.is_initialized() and not _all_cpus_free(ray):
+        ray.shutdown()
+
+
+def _all_cpus_free(ray, wait_s: float = 5.0) -> bool:
+    """Whether the embedded Ray's CPUs are all free again (released actors return theirs within moments)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if ray.available_resources().get("CPU", 0) >= ray.cluster_resources().get("CPU", 0):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_embedded_ray_where_unused(request):
+    """A module that does not use ``ray_local`` runs without the shared Ray's processes (as if it were alone)."""
+    if request.node.nodeid not in request.config.stash.get(_RAY_MODULES, set()):
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized() and ray.get_runtime_context().gcs_address == _EMBEDDED.get("address"):
+            ray.shutdown()
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_down_at_the_end():
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +87,14 @@ def ray_cluster():
 _FIXTURE_MARKS = {"ray_local": "ray", "ray_cluster": "cluster"}
 
 
+_RAY_MODULES = pytest.StashKey[set]()
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests that use the embedded Ray or the multi-node cluster carry the ``ray`` / ``cluster`` marker, so
-    ``-m "not ray"`` runs the Ray-free suite in seconds."""
+    ``-m "not ray"`` runs the Ray-free suite in seconds; modules that use the embedded Ray are noted."""
+    config.stash[_RAY_MODULES] = {item.nodeid.split("::")[0] for item in items
+                                  if "ray_local" in getattr(item, "fixturenames", ())}
     for item in items:
         for fixture, mark in _FIXTURE_MARKS.items():
             if fixture in getattr(item, "fixturenames", ()):

@@ -31,6 +31,16 @@ class _Done:
 _DONE = _Done()
 
 
+class _Failed:
+    """A receive that failed when it was posted (a message of the wrong size had come first): raises on wait."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def wait(self) -> None:
+        raise self.error
+
+
 class _Receive:
     """A posted receive: ``wait()`` returns once the reader thread filled ``buf``, raises what failed it."""
 
@@ -132,7 +142,7 @@ class SocketChannel:
             raise WorkerLostError(f"{self.actor}: sending to {peer} failed: {exc}") from None
         return _DONE
 
-    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> _Receive | _Done:
+    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> _Receive | _Done | _Failed:
         self._check(peer)
         incoming = self._incoming[peer]
         with self._lock:
@@ -144,7 +154,10 @@ class SocketChannel:
                 receive = _Receive(buf, self, peer, tag)
                 incoming.posted[tag].append(receive)
                 return receive
-        _fill(buf, data, self.actor, peer, tag)
+        try:
+            _fill(buf, data, self.actor, peer, tag)
+        except SyncError as exc:
+            return _Failed(exc)
         return _DONE
 
     def abort(self, reason: str) -> None:

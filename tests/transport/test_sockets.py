@@ -92,6 +92,10 @@ def test_a_message_of_the_wrong_size_is_an_error_naming_peer_and_tag(pair):
     a.isend(np.zeros(6, np.uint8), "worker:1", 3)
     with pytest.raises(SyncError, match=r"6 bytes from worker:0 \(tag 3\) for a buffer of 4"):
         handle.wait()
+    a.isend(np.zeros(6, np.uint8), "worker:1", 3)  # arrives before its receive is posted: the wait raises
+    time.sleep(0.05)
+    with pytest.raises(SyncError, match=r"6 bytes from worker:0 \(tag 3\) for a buffer of 4"):
+        b.irecv(np.empty(4, np.uint8), "worker:0", 3).wait()
     a.isend(np.ones(4, np.uint8), "worker:1", 3)  # the stream is still in step: the next message is intact
     buf = np.empty(4, np.uint8)
     b.irecv(buf, "worker:0", 3).wait()
