@@ -87,7 +87,6 @@ class SocketChannel:
         self._send_locks = {p: threading.Lock() for p in self.peers}
         self._in: list[socket.socket] = []
         self._aborted: str | None = None
-        self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self._address(actor))
         self._listener.listen(len(self.peers) + 1)
@@ -100,13 +99,13 @@ class SocketChannel:
         for peer in self.peers:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(self.timeout_s)  # bounds a send to a peer that stopped reading
+            name = self.actor.encode()
             try:
                 sock.connect(self._address(peer))
+                sock.sendall(_HELLO.pack(len(name)) + name)
             except OSError as exc:
                 sock.close()
                 raise WorkerLostError(f"{self.actor}: cannot connect to {peer} on this machine: {exc}") from None
-            name = self.actor.encode()
-            sock.sendall(_HELLO.pack(len(name)) + name)
             self._out[peer] = sock
         self._listener.settimeout(self.timeout_s)
         for _ in self.peers:
@@ -168,7 +167,6 @@ class SocketChannel:
                 self._fail(incoming, SyncError(f"{self.actor}: the data plane was aborted: {reason}"))
 
     def close(self) -> None:
-        self._closed = True
         for sock in [*self._out.values(), *self._in, self._listener]:
             try:
                 sock.close()
