@@ -27,9 +27,7 @@ from ..engines.memory import keep_freed_memory
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
-from ..transport.base import RoutedChannel
 from ..transport.shm import ShmChannel, arenas
-from ..transport.sockets import SocketChannel
 from ..transport.torchdist import TorchChannel
 
 TRANSPORTS = ("direct", "gloo")
@@ -105,7 +103,7 @@ class CasyncGroup:
         except Exception as exc:
             raise as_sync_error(exc, "creating casync's process groups") from exc
         self.nodes = self.gather_object(node_identity(), "locating the ranks")
-        self._channels: list[Any] = []  # shared memory and sockets, closed with the group
+        self._channels: list[ShmChannel] = []
         keep_freed_memory()
 
     # -- small collectives on the control group -----------------------------------------------------------------
@@ -169,29 +167,18 @@ class CasyncGroup:
             return base
         node_of = {name: self.nodes[r] for r, name in enumerate(names)}
         layout = arenas(plan_transfers(plan, transfer_base), node_of)
-        near = [name for name in names if name != me and node_of[name] == node_of[me]]
-        if not layout and not near:
+        if not layout:
             return base
         prefix = self.broadcast_object(f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}", "naming shared memory")
-        channel = base
-        try:  # the ranks of this machine exchange headers over Unix sockets, the others over gloo
-            if near:
-                sockets = SocketChannel(me, near, prefix, self.timeout_s)
-                self._channels.append(sockets)
-                channel = RoutedChannel(me, sockets, near, base)
-            if layout:
-                channel = ShmChannel(channel, me, layout, prefix)
-                self._channels.append(channel)
+        try:
+            channel = ShmChannel(base, me, layout, prefix)
         except Exception as exc:  # the others would wait in the barrier below: let them fail there too
-            raise SyncError(f"rank {self.rank}: cannot create its shared-memory arena or socket: {exc}") from exc
-        self.barrier("creating shared-memory arenas and sockets")
-        if near:
-            sockets.connect()
-        if layout:
-            channel.attach()
-        self.barrier("mapping shared-memory arenas and connecting sockets")
-        if layout:
-            channel.unlink()
+            raise SyncError(f"rank {self.rank}: cannot create its shared-memory arena: {exc}") from exc
+        self.barrier("creating shared-memory arenas")
+        channel.attach()
+        self.barrier("mapping shared-memory arenas")
+        channel.unlink()
+        self._channels.append(channel)
         return channel
 
     def close(self) -> None:

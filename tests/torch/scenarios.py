@@ -286,21 +286,3 @@ def drift(rank: int, world: int) -> Any:
     except Exception as exc:
         return {"kind": type(exc).__name__, "message": str(exc), "iteration": state.iter}
     return {"kind": None}
-
-
-def channel_layers(rank: int, world: int) -> dict[str, Any]:
-    """What a rank's direct channel is made of on one machine, and one message each way over it."""
-    from casync.torch.group import CasyncGroup
-
-    group = CasyncGroup(timeout_s=20)
-    plan = casync.build_plan({"w": (64,)}, workers=world, codec="onebit", strategy="ring")
-    channel = group.channel(plan)
-    routed = channel.base
-    me, peer = f"worker:{rank}", f"worker:{(rank + 1) % world}"
-    got = np.empty(3, np.int64)
-    handle = channel.irecv(got, f"worker:{(rank - 1) % world}", 99)
-    channel.isend(np.arange(3, dtype=np.int64) + rank, peer, 99).wait()
-    handle.wait()
-    group.close()
-    return {"layers": [type(channel).__name__, type(routed).__name__, type(routed.near).__name__],
-            "near": sorted(routed.near_peers), "me": me, "got": got.tolist()}

@@ -176,18 +176,6 @@ def test_a_dead_rank_is_a_typed_error_within_the_timeout_on_the_others():
         assert r["elapsed"] < timeout_s + 10, r
 
 
-def test_ranks_of_one_machine_send_headers_over_sockets_not_gloo():
-    """transport="direct" on one machine: bodies in shared memory, the rest over Unix sockets (the data group's
-    gloo is only for ranks of other machines)."""
-    world = 3
-    results = ok(run_ranks("tests.torch.scenarios:channel_layers", world))
-    for rank, r in enumerate(results):
-        assert r["layers"] == ["ShmChannel", "RoutedChannel", "SocketChannel"]
-        assert r["near"] == sorted(f"worker:{p}" for p in range(world) if p != rank)
-        left = (rank - 1) % world
-        assert r["got"] == [left, left + 1, left + 2]
-
-
 def test_nonfinite_gradients_propagate_or_skip_alike_on_every_rank():
     world = 2
     results = ok(run_ranks("tests.torch.scenarios:nonfinite", world))
