@@ -10,6 +10,7 @@ actors span several nodes, so on one machine they never import torch nor open a 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from typing import Any, Callable
 
@@ -20,7 +21,7 @@ from ..schedule import plan_transfers
 from ..transport.base import RoutedChannel
 from ..transport.shm import Arena, ShmChannel, arenas
 from ..transport.sockets import SocketChannel
-from ..transport.torchdist import TorchChannel, free_port, init_group, interface_of
+from ..transport.torchdist import TorchChannel, init_group, interface_of, listen_socket
 
 
 class DataPlaneMember:
@@ -30,10 +31,14 @@ class DataPlaneMember:
     name: str
     _channel: Any = None
     _sockets: SocketChannel | None = None
+    _rendezvous: socket.socket | None = None  # rank 0's listening socket, from rendezvous to connect
 
     def rendezvous(self, port: int | None) -> tuple[str, int]:
-        """Where the group meets: this actor's node address and a free (or the configured) port."""
-        return ray.util.get_node_ip_address(), port or free_port()
+        """Where the group meets: this actor's node address and a port (the configured one, or one the OS
+        picks) it listens on from now until its :meth:`connect` hands the socket to the group."""
+        host = ray.util.get_node_ip_address()
+        self._rendezvous = listen_socket(host, port or 0)
+        return host, int(self._rendezvous.getsockname()[1])
 
     def connect(self, ranks: dict[str, int], master: str, port: int, backend: str | None, ifname: str | None,
                 shm: tuple[dict[str, Arena], str] | None = None,
@@ -43,11 +48,14 @@ class DataPlaneMember:
         this node, a name prefix) listen for their sockets; returns the network interface gloo uses ("" when
         there is no process group)."""
         far: Any = None
+        listening, self._rendezvous = self._rendezvous, None
         if backend is not None:
             ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
             init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
-                       ifname=ifname)
+                       ifname=ifname, listen_fd=None if listening is None else listening.detach())
             far = TorchChannel(self.name, ranks)
+        elif listening is not None:
+            listening.close()  # one machine: no group meets there
         channel = far
         if near is not None and near[0]:
             self._sockets = SocketChannel(self.name, near[0], near[1], self.timeout_s)

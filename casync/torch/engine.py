@@ -25,7 +25,6 @@ from ..engines.state import EngineState
 from ..engines.timeline import op_rows
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 from ..plan.syncplan import SyncPlan
-from ..transport.torchdist import free_port
 
 _ERRORS = {cls.__name__: cls for cls in (SyncError, SyncTimeoutError, WorkerLostError)}
 
@@ -43,8 +42,9 @@ def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: di
         from .runner import PlanRunner
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(actors),
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, len(actors), is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=len(actors), timeout=timeout)
         plan = SyncPlan.from_dict(plan_data, source="the driver's plan")
         runner = PlanRunner(plan, CasyncGroup(None, timeout_s, transport), actors)
         conn.send(("ready", os.getpid()))
@@ -105,7 +105,12 @@ class TorchDistEngine(EngineBase):
         self._broken: str | None = None
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "torch.distributed", "casync.torch.runner"])
-        port, data = free_port("127.0.0.1"), plan.to_dict()
+        # the ranks meet at a store this process hosts (on a port the OS picks and it holds: no race for it)
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+        port, data = self._store.port, plan.to_dict()
         custom = [get_strategy(name) for name in sorted({b.strategy for b in plan.buckets}) if name not in BUILT_IN]
         self._conns, self._procs = [], []
         try:

@@ -1,8 +1,9 @@
 """A torch.distributed process group as the data plane: gloo on CPU, NCCL where GPUs exist.
 
-The actors of a plan form one group, set up as Ray Train sets up its workers: rank 0 picks its address and a
-free port, every actor calls ``init_process_group`` with a TCP rendezvous there and a timeout of its own
-(a dead peer surfaces as an error within it, never as a hang).  Buffers are NumPy arrays, handed to torch
+The actors of a plan form one group, set up as Ray Train sets up its workers: rank 0 listens on its address
+(a port the OS picks, held from then on: no other process can take it before the group uses it), every actor
+calls ``init_process_group`` with a TCP rendezvous there and a timeout of its own (a dead peer surfaces as an
+error within it, never as a hang).  Buffers are NumPy arrays, handed to torch
 without copies.  The transport is unauthenticated: keep its ports inside the cluster's network
 (see docs/cluster.md).
 """
@@ -23,6 +24,13 @@ def free_port(host: str = "") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def listen_socket(host: str, port: int = 0) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (0: a port the OS picks), for the group's rendezvous to take over
+    (``init_group(listen_fd=)``): choosing a free port and binding it later races with every other process."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=128)
 
 
 def node_address() -> str:
@@ -55,19 +63,22 @@ def interface_of(address: str) -> str | None:
 
 
 def init_group(rank: int, world: int, master: str, port: int, *, backend: str = "gloo", timeout_s: float = 60.0,
-               ifname: str | None = None) -> Any:
+               ifname: str | None = None, listen_fd: int | None = None) -> Any:
     """Join the process group of the plan's actors (this process's default group); returns torch.distributed.
 
     ``ifname``: the network interface gloo uses (``GLOO_SOCKET_IFNAME``), for machines where the default
-    route is not the cluster's network."""
+    route is not the cluster's network.  ``listen_fd`` (rank 0): the rendezvous socket it already listens on
+    (:func:`listen_socket`, detached), which the group's store takes over."""
     import torch.distributed as dist
 
     if ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(backend, init_method=f"tcp://{master}:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False,
+                          master_listen_fd=listen_fd if rank == 0 else None)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return dist
 
 

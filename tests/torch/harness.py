@@ -1,7 +1,7 @@
 """Run a function on N gloo ranks (real processes, as torchrun would start them) and collect what each returns.
 
 ``run_ranks("tests.torch.scenarios:name", world, **kwargs)`` starts ``world`` processes (forkserver: torch is
-imported once); each joins a gloo job on a free port with ``init_process_group`` (the script's own default
+imported once); each joins a gloo job at a store this process hosts with ``init_process_group`` (the script's own default
 group), runs ``name(rank, world, **kwargs)`` and sends back its return value, or the exception it raised as
 ``RankError(kind, message)``.  A rank that dies is reported as ``RankError("died", ...)``.
 """
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
-from casync.transport.torchdist import free_port
 
 
 @dataclass
@@ -34,8 +33,9 @@ def _entry(conn: Any, target: str, rank: int, world: int, port: int, kwargs: dic
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=120))
+        timeout = datetime.timedelta(seconds=120)
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
         module, name = target.split(":")
         result = getattr(importlib.import_module(module), name)(rank, world, **kwargs)
         conn.send(("ok", result))
@@ -55,7 +55,12 @@ def run_ranks(target: str, world: int, timeout_s: float = 240.0, **kwargs: Any) 
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "casync.torch", target.split(":")[0]])
-    port = free_port("127.0.0.1")
+    import torch.distributed as dist
+
+    # the ranks meet at a store this process hosts, on a port the OS picks and it holds (no race for a free one)
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=120))
+    port = store.port
     conns, procs = [], []
     for rank in range(world):
         parent, child = ctx.Pipe()
