@@ -3,9 +3,8 @@
 The actors of a plan form one group, set up as Ray Train sets up its workers: rank 0 listens on its address
 (a port the OS picks, held from then on: no other process can take it before the group uses it), every actor
 calls ``init_process_group`` with a TCP rendezvous there and a timeout of its own (a dead peer surfaces as an
-error within it, never as a hang).  Buffers are NumPy arrays, handed to torch
-without copies.  The transport is unauthenticated: keep its ports inside the cluster's network
-(see docs/cluster.md).
+error within it, never as a hang).  Buffers are NumPy arrays, handed to torch without copies.  The transport
+is unauthenticated: keep its ports inside the cluster's network (see docs/cluster.md).
 """
 from __future__ import annotations
 
