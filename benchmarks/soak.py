@@ -109,8 +109,12 @@ def cycles(plan: casync.SyncPlan, n: int) -> dict:
 
     def snapshot() -> dict:
         gc.collect()
-        time.sleep(0.5)  # the GCS and the object store free asynchronously
-        used, objects = store_stats()
+        time.sleep(0.5)  # the GCS and the object store free asynchronously: a closed engine's last gradients
+        used, objects = store_stats()  # leave the store 0.5-2 s after close here, so wait up to 10 s for them
+        deadline = time.monotonic() + 10
+        while objects and time.monotonic() < deadline:
+            time.sleep(0.25)
+            used, objects = store_stats()
         return dict(alive_actors=alive_actors(), placement_groups=live_placement_groups(), driver_refs=driver_refs(),
                     store_objects=objects, store_used_mib=used / MiB, driver_rss_mib=rss_mib())
 
