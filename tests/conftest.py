@@ -26,7 +26,7 @@ def ray_local():
     ray = pytest.importorskip("ray")
     from casync.runtime.ray_layer import connect_ray
 
-    if not (ray.is_initialized() and ray.get_runtime_context().gcs_address == _EMBEDDED.get("address")):
+    if not _shared_ray_is_up(ray):
         if ray.is_initialized():
             ray.shutdown()
         connect_ray(None, num_cpus=4, object_store_memory=256 * 2**20)  # embedded, bound to 127.0.0.1
@@ -34,6 +34,11 @@ def ray_local():
     yield ray
     if ray.is_initialized() and not _all_cpus_free(ray):
         ray.shutdown()
+
+
+def _shared_ray_is_up(ray) -> bool:
+    """Whether the Ray this process is connected to is the embedded one ``ray_local`` started last."""
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _EMBEDDED.get("address")
 
 
 def _all_cpus_free(ray, wait_s: float = 5.0) -> bool:
@@ -52,7 +57,7 @@ def _no_embedded_ray_where_unused(request):
     """A module that does not use ``ray_local`` runs without the shared Ray's processes (as if it were alone)."""
     if request.node.nodeid not in request.config.stash.get(_RAY_MODULES, set()):
         ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized() and ray.get_runtime_context().gcs_address == _EMBEDDED.get("address"):
+        if ray is not None and _shared_ray_is_up(ray):
             ray.shutdown()
     yield
 

@@ -43,17 +43,9 @@ from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, 
 
 from ..errors import SyncError, SyncTimeoutError
 from ..schedule import ActorShare
-from ..transport.base import Channel, Handle
+from ..transport.base import DONE, Channel, Handle
 
 HEADER_TAG = 1
-
-
-class _Done:
-    def wait(self) -> None:
-        return None
-
-
-_DONE = _Done()
 
 
 def body_tag(transfer: int) -> int:
@@ -201,7 +193,7 @@ class RankExecutor:
                 body = np.empty(nbytes, np.uint8)
                 self._posted[i] = self.channel.irecv(body, op.peer, body_tag(op.transfer))
             else:
-                self._posted[i] = _DONE  # complete once its header arrives: the peer writes it first
+                self._posted[i] = DONE  # complete once its header arrives: the peer writes it first
             self._bodies[i] = body
         # every header is posted ahead too (same tag: they fill in the order the peer sends), so a sender
         # never waits for its receiver to ask for the next message

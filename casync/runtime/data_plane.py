@@ -40,22 +40,20 @@ class DataPlaneMember:
         self._rendezvous = listen_socket(host, port or 0)
         return host, int(self._rendezvous.getsockname()[1])
 
-    def connect(self, ranks: dict[str, int], master: str, port: int, backend: str | None, ifname: str | None,
-                shm: tuple[dict[str, Arena], str] | None = None,
+    def connect(self, ranks: dict[str, int], master: str | None, port: int | None, backend: str | None,
+                ifname: str | None, shm: tuple[dict[str, Arena], str] | None = None,
                 near: tuple[list[str], str] | None = None) -> str:
         """Join the group (every actor calls this at once; ``backend`` None: no process group), with ``shm``
         (arena layout, name prefix) create this actor's shared-memory arena, and with ``near`` (the peers on
         this node, a name prefix) listen for their sockets; returns the network interface gloo uses ("" when
         there is no process group)."""
         far: Any = None
-        listening, self._rendezvous = self._rendezvous, None
         if backend is not None:
+            listening, self._rendezvous = self._rendezvous, None
             ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
             init_group(ranks[self.name], len(ranks), master, port, backend=backend, timeout_s=self.timeout_s,
                        ifname=ifname, listen_fd=None if listening is None else listening.detach())
             far = TorchChannel(self.name, ranks)
-        elif listening is not None:
-            listening.close()  # one machine: no group meets there
         channel = far
         if near is not None and near[0]:
             self._sockets = SocketChannel(self.name, near[0], near[1], self.timeout_s)
@@ -95,7 +93,6 @@ def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transp
 
     ``get`` is the engine's ``ray.get`` with its timeout and failure mapping."""
     names = list(actors)
-    master, port = get([actors[names[0]].rendezvous.remote(options.get("port"))], "starting the data plane")[0]
     ranks = {name: rank for rank, name in enumerate(names)}
     backend: str | None = "nccl" if transport == "nccl" else "gloo"
     shm, near = None, {n: None for n in names}
@@ -107,8 +104,11 @@ def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transp
         shm = (layout, prefix) if layout else None
         near = {n: ([p for p in names if p != n and nodes[p] == nodes[n]], prefix) for n in names}
         if len(set(nodes.values())) == 1:
-            backend = None  # one machine: sockets and shared memory carry everything
-    where = f"forming the {backend} process group at {master}:{port}" if backend else "connecting the actors"
+            backend = None  # one machine: sockets and shared memory carry everything, no port is opened
+    master, port, where = None, None, "connecting the actors"
+    if backend is not None:
+        master, port = get([actors[names[0]].rendezvous.remote(options.get("port"))], "starting the data plane")[0]
+        where = f"forming the {backend} process group at {master}:{port}"
     interfaces = dict(zip(names, get([actors[n].connect.remote(ranks, master, port, backend, options.get("ifname"),
                                                                shm, near[n]) for n in names], where)))
     if transport == "direct":

@@ -8,7 +8,6 @@ the hook.  The driver hands each worker its flat bucket gradients through a pipe
 """
 from __future__ import annotations
 
-import datetime
 import os
 import time
 from multiprocessing.connection import wait as wait_for
@@ -25,6 +24,7 @@ from ..engines.state import EngineState
 from ..engines.timeline import op_rows
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 from ..plan.syncplan import SyncPlan
+from ..transport.torchdist import host_store, init_group
 
 _ERRORS = {cls.__name__: cls for cls in (SyncError, SyncTimeoutError, WorkerLostError)}
 
@@ -36,15 +36,12 @@ def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: di
         for strategy in custom:  # strategies registered in the driver (a torchrun rank's own script registers its)
             register_strategy(strategy, replace=True)
         import torch
-        import torch.distributed as dist
 
         from .group import CasyncGroup
         from .runner import PlanRunner
 
         torch.set_num_threads(1)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, len(actors), is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=len(actors), timeout=timeout)
+        init_group(rank, len(actors), "127.0.0.1", port, timeout_s=timeout_s)
         plan = SyncPlan.from_dict(plan_data, source="the driver's plan")
         runner = PlanRunner(plan, CasyncGroup(None, timeout_s, transport), actors)
         conn.send(("ready", os.getpid()))
@@ -105,11 +102,7 @@ class TorchDistEngine(EngineBase):
         self._broken: str | None = None
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["torch", "torch.distributed", "casync.torch.runner"])
-        # the ranks meet at a store this process hosts (on a port the OS picks and it holds: no race for it)
-        import torch.distributed as dist
-
-        self._store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=self.timeout_s))
+        self._store = host_store(self.timeout_s)  # where the ranks meet
         port, data = self._store.port, plan.to_dict()
         custom = [get_strategy(name) for name in sorted({b.strategy for b in plan.buckets}) if name not in BUILT_IN]
         self._conns, self._procs = [], []

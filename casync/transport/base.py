@@ -40,6 +40,10 @@ class _Done:
         return None
 
 
+#: the handle of a transfer already complete (a send that has written its buffer, a receive filled at once)
+DONE: Handle = _Done()
+
+
 class LocalHub:
     """In-process mailboxes between actors running in threads of one process (copies every message).
 
@@ -73,7 +77,7 @@ class LocalChannel:
         with self.hub._cond:
             self.hub._boxes[(self.actor, peer, tag)].append(np.array(buf, copy=True))
             self.hub._cond.notify_all()
-        return _Done()
+        return DONE
 
     def irecv(self, buf: np.ndarray, peer: str, tag: int) -> Handle:
         hub, key = self.hub, (peer, self.actor, tag)

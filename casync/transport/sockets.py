@@ -18,17 +18,10 @@ from typing import Iterable
 import numpy as np
 
 from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from .base import DONE, Handle
 
 _FRAME = struct.Struct("<qq")  # tag, body bytes
 _HELLO = struct.Struct("<H")  # length of the connecting actor's name
-
-
-class _Done:
-    def wait(self) -> None:
-        return None
-
-
-_DONE = _Done()
 
 
 class _Failed:
@@ -127,7 +120,7 @@ class SocketChannel:
         self._listener.close()
 
     # -- the Channel protocol ---------------------------------------------------------------------------------
-    def isend(self, buf: np.ndarray, peer: str, tag: int) -> _Done:
+    def isend(self, buf: np.ndarray, peer: str, tag: int) -> Handle:
         self._check(peer)
         data = memoryview(np.ascontiguousarray(buf)).cast("B")
         try:
@@ -139,9 +132,9 @@ class SocketChannel:
             raise SyncTimeoutError(f"{self.actor}: {peer} took no message (tag {tag}) for {self.timeout_s:g}s") from None
         except OSError as exc:
             raise WorkerLostError(f"{self.actor}: sending to {peer} failed: {exc}") from None
-        return _DONE
+        return DONE
 
-    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> _Receive | _Done | _Failed:
+    def irecv(self, buf: np.ndarray, peer: str, tag: int) -> Handle:
         self._check(peer)
         incoming = self._incoming[peer]
         with self._lock:
@@ -157,7 +150,7 @@ class SocketChannel:
             _fill(buf, data, self.actor, peer, tag)
         except SyncError as exc:
             return _Failed(exc)
-        return _DONE
+        return DONE
 
     def abort(self, reason: str) -> None:
         """Refuse further transfers and fail every receive still waiting."""
@@ -189,34 +182,36 @@ class SocketChannel:
             while queue:
                 queue.popleft().fail(error)
 
+    def _posted(self, incoming: _Incoming, tag: int) -> _Receive | None:
+        """The oldest receive posted for ``tag``, taken off its queue (None: none is posted)."""
+        with self._lock:
+            queue = incoming.posted[tag]
+            return queue.popleft() if queue else None
+
     def _read_loop(self, sock: socket.socket, peer: str) -> None:
         incoming = self._incoming[peer]
         try:
             while True:
                 tag, nbytes = _FRAME.unpack(_read(sock, _FRAME.size))
-                with self._lock:
-                    queue = incoming.posted[tag]
-                    receive = queue.popleft() if queue else None
-                if receive is None:
-                    data = np.empty(nbytes, np.uint8)
-                    _read_into(sock, memoryview(data))
-                    with self._lock:
-                        if incoming.posted[tag]:  # posted while it was being read
-                            receive = incoming.posted[tag].popleft()
-                        else:
-                            incoming.early[tag].append(data)
-                    if receive is not None:
-                        try:
-                            _fill(receive.buf, data, self.actor, peer, tag)
-                        except BaseException as exc:
-                            receive.fail(exc)
-                        else:
-                            receive.event.set()
-                elif receive.buf.nbytes != nbytes:
-                    _read_into(sock, memoryview(np.empty(nbytes, np.uint8)))
-                    receive.fail(_size_error(self.actor, peer, tag, nbytes, receive.buf.nbytes))
-                else:
+                receive = self._posted(incoming, tag)
+                if receive is not None and receive.buf.nbytes == nbytes:  # straight into the posted buffer
                     _read_into(sock, memoryview(receive.buf).cast("B"))
+                    receive.event.set()
+                    continue
+                data = np.empty(nbytes, np.uint8)
+                _read_into(sock, memoryview(data))
+                if receive is None:
+                    with self._lock:
+                        queue = incoming.posted[tag]  # one may have been posted while the body was read
+                        if not queue:
+                            incoming.early[tag].append(data)
+                            continue
+                        receive = queue.popleft()
+                try:
+                    _fill(receive.buf, data, self.actor, peer, tag)  # raises a size error naming the message
+                except SyncError as exc:
+                    receive.fail(exc)
+                else:
                     receive.event.set()
         except (OSError, EOFError) as exc:
             reason = "closed its connection" if isinstance(exc, EOFError) else f"connection failed ({exc})"

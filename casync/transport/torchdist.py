@@ -32,6 +32,15 @@ def listen_socket(host: str, port: int = 0) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=128)
 
 
+def host_store(timeout_s: float, host: str = "127.0.0.1") -> Any:
+    """A rendezvous store served by this process (which is no rank) on a port the OS picks and it holds:
+    processes it starts meet there with ``init_group(..., master=host, port=store.port)``."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def node_address() -> str:
     """This machine's address as other nodes see it (the one a UDP socket towards a public address would use),
     127.0.0.1 when it has no route out."""
@@ -66,8 +75,9 @@ def init_group(rank: int, world: int, master: str, port: int, *, backend: str = 
     """Join the process group of the plan's actors (this process's default group); returns torch.distributed.
 
     ``ifname``: the network interface gloo uses (``GLOO_SOCKET_IFNAME``), for machines where the default
-    route is not the cluster's network.  ``listen_fd`` (rank 0): the rendezvous socket it already listens on
-    (:func:`listen_socket`, detached), which the group's store takes over."""
+    route is not the cluster's network.  ``listen_fd``: the rendezvous socket this rank already listens on
+    (:func:`listen_socket`, detached; rank 0 of a Ray data plane), which its store server takes over; without
+    one the rank joins a store served elsewhere (that rank's, or a parent's :func:`host_store`)."""
     import torch.distributed as dist
 
     if ifname:
@@ -75,8 +85,8 @@ def init_group(rank: int, world: int, master: str, port: int, *, backend: str = 
     if dist.is_initialized():
         dist.destroy_process_group()
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False,
-                          master_listen_fd=listen_fd if rank == 0 else None)
+    store = dist.TCPStore(master, port, world, is_master=listen_fd is not None, timeout=timeout,
+                          wait_for_workers=False, master_listen_fd=listen_fd)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     return dist
 

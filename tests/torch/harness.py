@@ -7,7 +7,6 @@ group), runs ``name(rank, world, **kwargs)`` and sends back its return value, or
 """
 from __future__ import annotations
 
-import datetime
 import importlib
 import os
 import time
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for
 from typing import Any
 
+from casync.transport.torchdist import host_store, init_group
 
 
 @dataclass
@@ -30,12 +30,9 @@ def _entry(conn: Any, target: str, rank: int, world: int, port: int, kwargs: dic
     start = time.monotonic()
     try:
         import torch
-        import torch.distributed as dist
 
         torch.set_num_threads(1)
-        timeout = datetime.timedelta(seconds=120)
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+        init_group(rank, world, "127.0.0.1", port, timeout_s=120)
         module, name = target.split(":")
         result = getattr(importlib.import_module(module), name)(rank, world, **kwargs)
         conn.send(("ok", result))
@@ -55,11 +52,7 @@ def run_ranks(target: str, world: int, timeout_s: float = 240.0, **kwargs: Any) 
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "casync.torch", target.split(":")[0]])
-    import torch.distributed as dist
-
-    # the ranks meet at a store this process hosts, on a port the OS picks and it holds (no race for a free one)
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=120))
+    store = host_store(120)  # where the ranks meet: a port this process holds, no race for a free one
     port = store.port
     conns, procs = [], []
     for rank in range(world):
