@@ -2,21 +2,20 @@
 needs processes): ``alpha + bytes / beta`` seconds and the per-task overhead.
 
 * ``"direct"``: the sender copies the body into the receiver's shared-memory slot (``beta``: that copy, into
-  memory already mapped), then a small header crosses gloo (``alpha``: its one-way latency); the overhead is
-  the per-rank executor's own cost per task.
+  memory already mapped), then a small header crosses a Unix socket (``alpha``: its one-way latency; actors of
+  one node form no process group); the overhead is the per-rank executor's own cost per task.
 * ``"objectstore"``: a payload returned by one Ray actor and passed to another; the overhead is a Ray call.
 """
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
+import os
 import time
 from typing import Iterable
 
 import numpy as np
 
 from ..sim.profiler import best_time, fit_linear
-from ..transport.torchdist import free_port
 
 SIZES = (2**10, 2**16, 2**20, 2**23, 2**25, 2**26)
 
@@ -39,32 +38,35 @@ def profile_transfer(sizes: Iterable[int] = SIZES, repeat: int = 3, transport: s
     return alpha, beta, _executor_overhead()
 
 
-def _ping(rank: int, port: int, rounds: int, out: "mp.Queue") -> None:
-    import torch
-    import torch.distributed as dist
+def _ping(actor: str, prefix: str, rounds: int, listening: "mp.synchronize.Barrier", out: "mp.Queue") -> None:
+    from ..transport.sockets import SocketChannel
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    x = torch.zeros(4, dtype=torch.int64)
+    channel = SocketChannel(actor, ("a", "b"), prefix, timeout_s=60)
+    listening.wait(60)  # both listen before either connects
+    channel.connect()
+    peer = "b" if actor == "a" else "a"
+    header = np.zeros(4, np.int64)
     for i in range(rounds + 10):  # the first ten warm the connection up
         if i == 10:
             start = time.perf_counter()
-        if rank == 0:
-            dist.send(x, 1, tag=1)
-            dist.recv(x, 1, tag=2)
+        if actor == "a":
+            channel.isend(header, peer, 1)
+            channel.irecv(header, peer, 2).wait()
         else:
-            dist.recv(x, 0, tag=1)
-            dist.send(x, 0, tag=2)
-    if rank == 0:
+            channel.irecv(header, peer, 1).wait()
+            channel.isend(header, peer, 2)
+    if actor == "a":
         out.put((time.perf_counter() - start) / rounds / 2)
-    dist.destroy_process_group()
+    channel.close()
 
 
 def _header_latency(rounds: int = 300) -> float:
-    """One-way latency of a header-sized gloo message between two processes (half a round trip)."""
+    """One-way latency of a header between two processes of this node over the direct plane's Unix sockets
+    (half a round trip; no port is opened)."""
     ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_ping, args=(r, port, rounds, out)) for r in range(2)]
+    out, listening = ctx.Queue(), ctx.Barrier(2)
+    prefix = f"casync-ping-{os.getpid()}-{time.monotonic_ns()}"
+    procs = [ctx.Process(target=_ping, args=(actor, prefix, rounds, listening, out)) for actor in ("a", "b")]
     for p in procs:
         p.start()
     try:

@@ -18,13 +18,6 @@ import numpy as np
 from ..errors import SyncError
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free on this machine right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def listen_socket(host: str, port: int = 0) -> socket.socket:
     """A TCP socket listening on ``host:port`` (0: a port the OS picks), for the group's rendezvous to take over
     (``init_group(listen_fd=)``): choosing a free port and binding it later races with every other process."""

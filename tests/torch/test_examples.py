@@ -69,9 +69,9 @@ SPAWNED = r"""
 import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
 import casync.torch as ct
 
-def main(rank, world, port):
+def main(rank, world, rendezvous):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 8))
     state = ct.CasyncState(strategy="ps", codec="onebit")
@@ -85,18 +85,17 @@ def main(rank, world, port):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    mp.spawn(main, args=(2, int(sys.argv[1])), nprocs=2)
+    mp.spawn(main, args=(2, sys.argv[1]), nprocs=2)
 """
 
 
 def test_ranks_started_by_mp_spawn_exit_cleanly(tmp_path):
     """The DDP tutorial's way to start ranks: they share one resource tracker, which must not be told twice
-    about casync's shared-memory arenas (it printed a KeyError traceback per arena at exit)."""
-    from casync.transport.torchdist import free_port
-
+    about casync's shared-memory arenas (it printed a KeyError traceback per arena at exit).  The ranks meet
+    through a file (the tutorial's other init method): no port to race for."""
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED)
-    run = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True, text=True, env=_env(),
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True, text=True, env=_env(),
                          cwd=ROOT, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d) steps 4 ok", run.stdout)) == ["0", "1"], run.stdout

@@ -1,0 +1,18 @@
+"""``casync profile``'s transfer costs between two processes of this node, on the direct plane."""
+from __future__ import annotations
+
+import pytest
+
+from casync.runtime.transfer import profile_transfer
+
+
+def test_direct_transfer_costs_are_measured_between_processes():
+    alpha, beta, overhead = profile_transfer(sizes=(2**20, 2**23), repeat=1, transport="direct")
+    assert 0 < alpha < 0.05  # a header's one-way trip over the Unix sockets, between two spawned processes
+    assert 1e8 < beta < 1e12  # bytes per second of a copy into mapped memory
+    assert 0 < overhead < 0.05  # the executor's own seconds per task
+
+
+def test_an_unknown_transport_is_refused_by_name():
+    with pytest.raises(ValueError, match="'gloo'"):
+        profile_transfer(transport="gloo")
