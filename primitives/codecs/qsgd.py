@@ -24,7 +24,8 @@ _TINY = np.finfo(np.float32).tiny * 2**24
 
 
 def l2_norm(x: np.ndarray) -> float:
-    """``||x||_2`` accumulated in float64 over float32 blocks, in a CPU-independent order."""
+    """``||x||_2``: float32 squares summed in float64, in a CPU-independent order (the norm is sent, and a
+    float32 sum lost a norm's 7th digit beside one large square)."""
     total = 0.0
     buf = scratch("sq", np.float32, min(x.size, CHUNK))
     for start in range(0, x.size, CHUNK):
@@ -32,7 +33,7 @@ def l2_norm(x: np.ndarray) -> float:
         sq = buf[: xc.size]
         with np.errstate(over="ignore", under="ignore"):
             np.multiply(xc, xc, out=sq)
-        total += float(block_sum(sq))
+        total += float(block_sum(sq, np.float64))
     if not 1e-30 < total < 1e38:  # float32 squares may have under- or overflowed
         x64 = x.astype(np.float64)
         total = float(np.dot(x64, x64))
