@@ -95,8 +95,8 @@ def test_ranks_started_by_mp_spawn_exit_cleanly(tmp_path):
     through a file (the tutorial's other init method): no port to race for."""
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED)
-    run = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True, text=True, env=_env(),
-                         cwd=ROOT, timeout=240)
+    run = subprocess.run([sys.executable, str(script), str(tmp_path / "rendezvous")], capture_output=True, text=True,
+                         env=_env(), cwd=ROOT, timeout=240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert sorted(re.findall(r"rank (\d) steps 4 ok", run.stdout)) == ["0", "1"], run.stdout
     assert "Traceback" not in run.stderr and "leaked" not in run.stderr, run.stderr[-3000:]
