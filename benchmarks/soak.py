@@ -109,8 +109,10 @@ def cycles(plan: casync.SyncPlan, n: int) -> dict:
 
     def snapshot() -> dict:
         gc.collect()
-        time.sleep(0.5)  # the GCS and the object store free asynchronously: a closed engine's last gradients
-        used, objects = store_stats()  # leave the store 0.5-2 s after close here, so wait up to 10 s for them
+        # the GCS and the object store free asynchronously: a closed engine's last gradients leave the store
+        # 0.5-2 s after close here, so wait up to 10 s for them
+        time.sleep(0.5)
+        used, objects = store_stats()
         deadline = time.monotonic() + 10
         while objects and time.monotonic() < deadline:
             time.sleep(0.25)

@@ -2,10 +2,10 @@
 
 The actors of an engine (RayEngine's or a Trainer's) form one torch.distributed process group, set up as Ray
 Train sets up its workers: the first actor picks its node's address and a port, all of them call
-``init_process_group`` at once (with ``transport="direct"``, only when they span several nodes).  With ``transport="direct"`` actors on one node map each other's
-shared-memory receive arenas (``casync.transport.shm``; every name is unlinked once mapped) and send each
-other the rest over Unix sockets (``casync.transport.sockets``); the process group is formed only when the
-actors span several nodes, so on one machine they never import torch nor open a port.
+``init_process_group`` at once.  With ``transport="direct"`` actors on one node map each other's shared-memory
+receive arenas (``casync.transport.shm``; every name is unlinked once mapped) and send each other the rest
+over Unix sockets (``casync.transport.sockets``); the process group is then formed only when the actors span
+several nodes, so on one machine they never import torch nor open a port.
 """
 from __future__ import annotations
 

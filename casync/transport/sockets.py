@@ -129,7 +129,8 @@ class SocketChannel:
                 sock.sendall(_FRAME.pack(tag, data.nbytes))
                 sock.sendall(data)
         except socket.timeout:
-            raise SyncTimeoutError(f"{self.actor}: {peer} took no message (tag {tag}) for {self.timeout_s:g}s") from None
+            raise SyncTimeoutError(f"{self.actor}: {peer} took no message (tag {tag}) for "
+                                   f"{self.timeout_s:g}s") from None
         except OSError as exc:
             raise WorkerLostError(f"{self.actor}: sending to {peer} failed: {exc}") from None
         return DONE
