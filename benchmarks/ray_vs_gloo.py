@@ -12,7 +12,7 @@ seeded by (seed, w)), mean over workers:
   ``casync bench``) on an embedded local Ray; gradients made on the actors' node by
   ``casync.bench.measure.GradientStore``.  The *sync span* is the engine's timeline from the first op of
   any worker to the last op of any worker (``casync.bench.measure.sync_span``); median over ``--iters``
-  syncs after one warm-up (``--rounds R``: all configurations R times, syncs pooled).  Each span is cut
+  syncs after ``WARMUP_SYNCS`` warm-ups (``--rounds R``: all configurations R times, syncs pooled).  Each span is cut
   into categories that add up (``benchmarks/ray_breakdown.py``: RayEngine's per-op rows with their CPU
   time, and Ray's task events), and the CPU seconds of the driver, the actors, Ray's processes and the
   rest of the machine in the span are read from /proc, sampled every 10 ms.
@@ -57,6 +57,7 @@ from casync.bench.predict import make_plan, predict
 from casync.bench.runner import machine_info
 from casync.bench.setup import local_setup
 from casync.datasets.gradients import exact_mean, model_numel
+from casync.engines.executor import WARMUP_SYNCS
 from casync.sim.costmodel import Profile
 from casync.table import markdown_table
 
@@ -86,7 +87,7 @@ def engine_options(transport: str | None) -> dict[str, Any]:
 
 def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
                    options: dict[str, Any]) -> dict[str, Any]:
-    """``1 + iters`` syncs of ``plan`` on a fresh RayEngine; per timed sync: span, wall, CPU, breakdown."""
+    """``WARMUP_SYNCS + iters`` syncs of ``plan`` on a fresh RayEngine; per timed sync: span, wall, CPU, breakdown."""
     import ray
 
     from casync.runtime.ray_engine import RayEngine
@@ -98,7 +99,7 @@ def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
         groups = rb.process_groups(ray.get([h.pid.remote() for h in engine.actors.values()]))
         syncs, consistent, rel_error = [], True, float("nan")
         with rb.CpuSampler(groups) as sampler:
-            for i in range(1 + iters):
+            for i in range(WARMUP_SYNCS + iters):
                 t0 = time.time()
                 results = engine.run_flat(flats)
                 t1 = time.time()
@@ -107,7 +108,7 @@ def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
                     got = np.concatenate([results[0][b.name] for b in plan.buckets])
                     rel_error = float(np.linalg.norm(got - exact) / np.linalg.norm(exact))
                 del results
-                if i:
+                if i >= WARMUP_SYNCS:
                     rows = engine.timeline(engine.step - 1, relative=getattr(engine, "program", None) is not None)
                     syncs.append({"window": (t0, t1), "wall_s": t1 - t0, "span_s": sync_span(rows), "rows": rows})
         if getattr(engine, "program", None) is None:  # the direct data plane: one call per actor, no Ray tasks to read
@@ -235,7 +236,7 @@ def render(result: dict[str, Any]) -> str:
          f"Workload: `{result['model']}`, {result['numel'] / 1e6:.1f}M floats ({result['numel'] * 4 / 1e6:.0f} MB) "
          f"per worker, {result['workers']} workers, mean. Sync span = the engine's timeline from the first op of any "
          f"worker to the last op of any worker (gradients already in the actors); {rounds} round(s), each: every "
-         f"configuration on a fresh RayEngine, {result['iters']} syncs after a warm-up, then gloo; medians over all "
+         f"configuration on a fresh RayEngine, {result['iters']} syncs after {WARMUP_SYNCS} warm-ups, then gloo; medians over all "
          f"{rounds * result['iters']} syncs. gloo: all_reduce + divide, {result['workers']} processes on loopback, "
          f"barrier to barrier, {result['iters']} iterations, run before the first round and after every round "
          f"(ratios against the median of all). Simulator: `{result['cluster']}`, profile: {result.get('profile', 'packaged')}.", ""]
@@ -295,7 +296,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iters", type=int, default=5, help="timed syncs per configuration (after one warm-up)")
+    p.add_argument("--iters", type=int, default=5, help="timed syncs per configuration (after WARMUP_SYNCS warm-ups)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--model", default="resnet50")

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..datasets.gradients import exact_mean, model_shapes, worker_flat
+from ..engines.executor import WARMUP_SYNCS
 from ..engines.memory import keep_freed_memory
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
 
@@ -306,7 +307,7 @@ def _rank_main(args: argparse.Namespace) -> None:
 # -----------------------------------------------------------------------------------------------------
 
 def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Sequence[str], iters: int = 3,
-                  warmup: int = 1, seed: int = 0, check: bool = True, timeout_s: float = 900.0) -> dict[str, Any]:
+                  warmup: int = WARMUP_SYNCS, seed: int = 0, check: bool = True, timeout_s: float = 900.0) -> dict[str, Any]:
     """Run ``variants`` on ``workers`` gloo ranks; per variant: sync times (s), payload and wire bytes, checks.
 
     Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=WARMUP_SYNCS)
     p.add_argument("--variants", default=",".join(BASELINES))
     p.add_argument("--result", required=True)
     p.add_argument("--timeout", type=int, default=900)

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..engines.executor import WARMUP_SYNCS
 from .baselines import BASELINES
 from .grid import FULL, QUICK, Grid, strategy_labels
 
@@ -52,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-models", type=_list, default=None, help="simulated models (default: the measured ones)")
     p.add_argument("--no-sim", action="store_true", help="skip the simulated grid")
     p.add_argument("--iters", type=int, default=3, help="timed iterations per configuration")
-    p.add_argument("--warmup", type=int, default=1, help="untimed iterations before them")
+    p.add_argument("--warmup", type=int, default=WARMUP_SYNCS,
+                   help="untimed iterations before them (default: until casync's actors allocate nothing new)")
     p.add_argument("--head-to-head", type=int, default=0, metavar="ROUNDS",
                    help="afterwards, re-measure the fastest casync configuration and the gloo/PowerSGD baselines "
                         "alternately for ROUNDS rounds (ratios under the same machine load)")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..engines.executor import WARMUP_SYNCS
 from ..plan.syncplan import SyncPlan
 from ..runtime.gradients import GradientStore
 
@@ -46,7 +47,7 @@ def sync_span(rows: list[dict[str, Any]]) -> float:
 
 
 def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None, *, address: str | None,
-                 iters: int = 3, warmup: int = 1, spread: bool = False, timeout_s: float = 300.0,
+                 iters: int = 3, warmup: int = WARMUP_SYNCS, spread: bool = False, timeout_s: float = 300.0,
                  link_bytes: Callable[[], int | None] | None = None, transport: str = "gloo") -> EngineRun:
     """Run ``plan`` for ``warmup + iters`` iterations on a fresh RayEngine; time the last ``iters``.
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..datasets.gradients import exact_mean
+from ..engines.executor import WARMUP_SYNCS
 from ..sim.costmodel import Profile
 from .baselines import BASELINES, REFERENCE, run_baselines
 from .grid import Grid, codec_label, split_transport
@@ -160,7 +161,7 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
-def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = 1, seed: int = 0, simulate: bool = True,
+def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_SYNCS, seed: int = 0, simulate: bool = True,
               progress: bool = True, command: str = "", profile: Profile | None = None,
               log: Callable[[str], None] | None = None, head_to_head: int = 0,
               profile_source: str | None = None) -> BenchResult:

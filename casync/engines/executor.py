@@ -47,6 +47,13 @@ from ..transport.base import DONE, Channel, Handle
 
 HEADER_TAG = 1
 
+#: Syncs a host (Ray actor, DDP rank) runs before it stops allocating: the first faults in its result buffers
+#: and residuals, the second a second set of residuals (``begin``'s ``spares``: the residuals a step reads are
+#: never written), and from the third on each step writes where the one two back did.  On a VM a page fault
+#: costs 13-37 us, so the second sync of a ResNet-50 ring/onebit actor takes ~25 ms more CPU than the third:
+#: a benchmark times steady state after this many untimed syncs.
+WARMUP_SYNCS = 2
+
 
 def body_tag(transfer: int) -> int:
     return 2 + 2 * transfer

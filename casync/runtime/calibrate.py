@@ -30,6 +30,7 @@ import numpy as np
 
 from primitives.ir import COMPUTE_OPS
 
+from ..engines.executor import WARMUP_SYNCS
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
 from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts, scale_key
@@ -272,15 +273,17 @@ def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CAL
 
 
 def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0,
-                      transport: str = "objectstore") -> list[list[dict[str, Any]]]:
-    """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: one warm-up, then ``iters``
-    steps; returns each step's timeline."""
+                      transport: str = "objectstore", warmup: int = WARMUP_SYNCS) -> list[list[dict[str, Any]]]:
+    """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: ``warmup`` untimed steps (default:
+    until the actors allocate nothing new, ``casync.engines.executor.WARMUP_SYNCS``), then ``iters`` steps;
+    returns each step's timeline."""
     from ..engines.inputs import flatten_worker_grads, random_grads
     from .ray_engine import RayEngine
 
     flats, _ = flatten_worker_grads(plan, random_grads(plan))
     with RayEngine(plan, timeout_s=timeout_s, transport=transport) as engine:
-        engine.run_flat(flats)
+        for _ in range(warmup):
+            engine.run_flat(flats)
         steps = []
         for _ in range(iters):
             engine.clear_timeline()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import casync
-from casync.engines.executor import HEADER_TAG, RankExecutor, body_tag
+from casync.engines.executor import HEADER_TAG, WARMUP_SYNCS, RankExecutor, body_tag
 from casync.engines.in_place import results_over_gradients
 from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import layouts, scan_worker
@@ -212,7 +212,8 @@ def test_result_buffers_reused_step_after_step_give_the_same_bits(strategy):
         assert mine.keys() == reference.state.residuals.keys()
         assert all(np.array_equal(v, reference.state.residuals[k]) for k, v in mine.items())
         arrays.append({k: id(v) for k, v in mine.items()})
-    assert arrays[3] == arrays[1] and arrays[2] == arrays[0]  # no fresh residual memory after two steps
+    for step in range(WARMUP_SYNCS, len(arrays)):  # what benchmarks count on: no fresh residual memory from here
+        assert arrays[step] == arrays[step - 2]
     assert not set(arrays[3].values()) & set(arrays[2].values())
 
 
