@@ -1,10 +1,18 @@
-"""Measure this machine's op costs (codecs, merge, actor-to-actor transfer) and fit them as ``a + b*n``."""
+"""Measure this machine's op costs (codecs, merge, actor-to-actor transfer) and fit them as ``a + b*n``.
+
+Ops are timed as a sync runs them: inputs cold (the CPU caches flushed before every timed call: a step's
+gradients, residuals and payloads were last touched long before, and a tensor of millions of floats never
+fits anyway) and outputs written where the engines write them (a residual into the buffer of two steps back,
+a decode into a result buffer), so no timed call pays for faulting in fresh pages.  Timed warm, as before,
+the fit was set by the sizes that fit in cache and priced ops on large tensors 1.3-3x too cheap.
+"""
 from __future__ import annotations
 
+import glob
 import os
 import platform
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -17,15 +25,44 @@ DEFAULT_SIZES = tuple(2**k for k in range(10, 25, 2))  # 2^10 ... 2^24 elements
 DEFAULT_CODECS = ("none", "fp16", "onebit", "terngrad", "tbq", "qsgd", "topk:ratio=0.01", "randomk:ratio=0.01")
 
 
-def best_time(fn: Callable[[], object], repeat: int) -> float:
-    """Fastest of ``repeat`` timed calls (after one untimed warm-up call): the least noisy estimate here."""
+def best_time(fn: Callable[[], object], repeat: int, before: Callable[[], object] | None = None) -> float:
+    """Fastest of ``repeat`` timed calls (after one untimed warm-up call): the least noisy estimate here.
+    ``before`` runs, untimed, ahead of each timed call (say, :meth:`CacheFlusher.flush`)."""
     fn()
     best = float("inf")
     for _ in range(repeat):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def largest_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", default: int = 32 << 20) -> int:
+    """Size of this CPU's largest cache, from Linux's ``<root>/index*/size`` (``default`` where none reads)."""
+    sizes = []
+    for path in glob.glob(os.path.join(root, "index*", "size")):
+        try:
+            with open(path) as f:
+                text = f.read().strip().upper()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text[:-1] if unit > 1 else text) * unit)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=default)
+
+
+class CacheFlusher:
+    """Writes a buffer twice the size of the largest cache, so what an op reads next comes from memory."""
+
+    def __init__(self, nbytes: int | None = None):
+        self.buffer = np.zeros(nbytes or 2 * largest_cache_bytes(), np.uint8)
+        self._value = 0
+
+    def flush(self) -> None:
+        self._value = (self._value + 1) % 251
+        self.buffer.fill(self._value)
 
 
 def fit_linear(sizes: Iterable[float], seconds: Iterable[float]) -> LinearCost:
@@ -67,24 +104,40 @@ def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
     rng = np.random.default_rng(0)
     sizes = list(sizes)
     data = {n: rng.standard_normal(n, dtype=np.float32) for n in sizes}
+    cold = CacheFlusher().flush
     out: dict[str, dict[str, LinearCost]] = {}
     for spec in tqdm(list(codecs), desc="codecs", disable=not progress):
         codec = get_codec(spec)
         times: dict[str, list[float]] = {"encode": [], "encode_ef": [], "decode": []}
         for n in sizes:
             x = data[n]
-            reps = repeat if n <= 2**20 else 1
+            reps = repeat if n <= 2**20 else max(1, repeat - 1)
             payload = codec.encode(x, 1)
-            times["encode"].append(best_time(lambda: codec.encode(x, 1), reps))
-            residuals = {"k": np.zeros(n, np.float32)}
-            times["encode_ef"].append(best_time(lambda: run_encode(codec, x, 1, residuals, "k"), reps))
-            times["decode"].append(best_time(lambda: codec.decode(payload, n), reps))
+            times["encode"].append(best_time(lambda: codec.encode(x, 1), reps, cold))
+            feedback = _Feedback(n)
+            times["encode_ef"].append(best_time(lambda: feedback.encode(codec, x), reps, cold))
+            result = np.empty(n, np.float32)
+            times["decode"].append(best_time(lambda: codec.decode_into(payload, n, result), reps, cold))
             if codec.decodes_sparse:  # a decode handed to its merge: the entries, added into a sum
                 acc = np.zeros(n, np.float32)
                 times.setdefault("entries", []).append(
-                    best_time(lambda: np.add.at(acc, *codec.sparse_entries(payload, n)), reps))
+                    best_time(lambda: np.add.at(acc, *codec.sparse_entries(payload, n)), reps, cold))
         out[str(codec)] = {op: fit_linear(sizes, t) for op, t in times.items()}
     return out
+
+
+class _Feedback:
+    """Error-feedback encodes as a host runs them step after step: the new residual goes into the buffer of
+    two steps back (``run_encode``'s ``spares``)."""
+
+    def __init__(self, n: int):
+        self.residuals = {"k": np.zeros(n, np.float32)}
+        self.spares = {"k": np.zeros(n, np.float32)}
+
+    def encode(self, codec: Any, x: np.ndarray) -> None:
+        replaced = self.residuals["k"]
+        run_encode(codec, x, 1, self.residuals, "k", spares=self.spares)
+        self.spares = {"k": replaced}
 
 
 def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> LinearCost:
@@ -93,10 +146,13 @@ def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> Line
 
     sizes = list(sizes)
     rng = np.random.default_rng(1)
+    cold = CacheFlusher().flush
     secs = []
     for n in sizes:
         xs = [rng.standard_normal(n, dtype=np.float32) for _ in range(2)]
-        secs.append(best_time(lambda: run_merge(xs, 2), repeat if n <= 2**20 else 1) / 2)
+        result = np.empty(n, np.float32)
+        secs.append(best_time(lambda: run_merge(xs, 2, out=result), repeat if n <= 2**20 else max(1, repeat - 1),
+                              cold) / 2)
     return fit_linear(sizes, secs)
 
 

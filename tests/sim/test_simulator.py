@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import time
 
+import numpy as np
 import pytest
 
 import casync
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile
-from casync.sim.profiler import fit_linear, profile_codecs
+from casync.sim.profiler import (CacheFlusher, _Feedback, best_time, fit_linear, largest_cache_bytes,
+                                 profile_codecs)
+from primitives.codecs import get_codec
 from casync.sim.simulator import simulate
 
 
@@ -47,6 +51,29 @@ def test_fit_linear_recovers_a_line_and_profiling_runs():
     assert all(isinstance(c, LinearCost) and c.b >= 0 for c in costs["onebit"].values())
     sparse = profile_codecs(["topk:ratio=0.1"], sizes=[2**10, 2**14], repeat=1)  # and its entries into a merge
     assert set(sparse["topk(ratio=0.1)"]) == {"encode", "encode_ef", "decode", "entries"}
+
+
+def test_profiled_ops_are_timed_cold_and_fault_in_no_fresh_memory():
+    """The profile prices an op as a sync runs it: every timed call after a cache flush that is not timed, and
+    error feedback writing each new residual where the one of two steps back was (no fresh pages)."""
+    calls = []
+    seconds = best_time(lambda: calls.append("op"), 3, before=lambda: (calls.append("flush"), time.sleep(0.05)))
+    assert calls == ["op"] + ["flush", "op"] * 3 and seconds < 0.04
+    assert CacheFlusher().buffer.nbytes == 2 * largest_cache_bytes()
+    feedback, x = _Feedback(5000), np.random.default_rng(0).standard_normal(5000).astype(np.float32)
+    kept = []
+    for _ in range(4):
+        feedback.encode(get_codec("onebit"), x)
+        kept.append(id(feedback.residuals["k"]))
+    assert kept[0] != kept[1] and kept[2:] == kept[:2]
+
+
+def test_largest_cache_is_read_from_sysfs(tmp_path):
+    for index, size in [(0, "48K"), (2, "2048K"), (3, "32768K\n")]:
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size)
+    assert largest_cache_bytes(str(tmp_path)) == 32 << 20
+    assert largest_cache_bytes(str(tmp_path / "missing"), default=123) == 123
 
 
 @pytest.mark.parametrize("kwargs,match", [(dict(nodes=0), "nodes"), (dict(bandwidth_gbps=0), "bandwidth"),
