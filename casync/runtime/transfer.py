@@ -15,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..sim.profiler import best_time, fit_linear
+from ..sim.profiler import CacheFlusher, best_time, fit_linear
 
 SIZES = (2**10, 2**16, 2**20, 2**23, 2**25, 2**26)
 
@@ -29,11 +29,12 @@ def profile_transfer(sizes: Iterable[int] = SIZES, repeat: int = 3, transport: s
         raise ValueError(f"transport must be 'direct' or 'objectstore', got {transport!r}")
     alpha = _header_latency()
     big = [n for n in sizes if n >= 2**23] or list(sizes)  # beyond the caches, as gradient payloads are
+    cold = CacheFlusher().flush  # the arena slot was last written a step ago
     secs = []
     for nbytes in big:
         src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
         dst[...] = src  # mapped and touched, as a reused arena slot is
-        secs.append(best_time(lambda: dst.__setitem__(Ellipsis, src), repeat))
+        secs.append(best_time(lambda: dst.__setitem__(Ellipsis, src), repeat, cold))
     beta = max(big) / max(secs) if len(big) < 2 else 1.0 / max(fit_linear(big, secs).b, 1e-12)
     return alpha, beta, _executor_overhead()
 
