@@ -1,7 +1,8 @@
 """The Ray actor of the direct data plane: one actor's share of a plan on a per-rank executor, one call a step.
 
-The actors of an engine form a torch.distributed process group (``casync.transport.torchdist``); payloads go
-actor to actor over it, and Ray only starts the actors, hands each its gradients and takes back its results.
+Payloads go actor to actor over the data plane (``casync.runtime.data_plane``: shared memory and Unix sockets on
+one machine, a torch.distributed process group between machines); Ray only starts the actors, hands each its
+gradients and takes back its results.
 Residuals of a step are committed when the step ends; with ``keep_previous`` the state before it is kept,
 so the driver can roll back a step it voids after the fact (NaN/Inf found by an actor's own scan).
 """
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from primitives.codecs.dense import load_torch_casts
 from primitives.ir import Actor
 
 from ..engines.executor import RankExecutor
@@ -30,6 +32,7 @@ class ExecutorActor(DataPlaneMember):
                  partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float,
                  compute_threads: int = 1):
         keep_freed_memory()
+        load_torch_casts(codecs.values())  # fp16's casts: PyTorch's take a tenth of NumPy's time
         self.name = name
         self.actor = Actor.parse(name)
         self.share, self.codecs, self.plan_seed, self.partitions = share, codecs, plan_seed, partitions

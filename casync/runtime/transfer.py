@@ -2,7 +2,7 @@
 needs processes): ``alpha + bytes / beta`` seconds and the per-task overhead.
 
 * ``"direct"``: the sender copies the body into the receiver's shared-memory slot (``beta``: that copy, into
-  memory already mapped), then a small header crosses a Unix socket (``alpha``: its one-way latency; actors of
+  memory already mapped, cache-cold), then a small header crosses a Unix socket (``alpha``: its one-way latency; actors of
   one node form no process group); the overhead is the per-rank executor's own cost per task.
 * ``"objectstore"``: a payload returned by one Ray actor and passed to another; the overhead is a Ray call.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import time
 from typing import Iterable
 
@@ -70,8 +71,17 @@ def _header_latency(rounds: int = 300) -> float:
     procs = [ctx.Process(target=_ping, args=(actor, prefix, rounds, listening, out)) for actor in ("a", "b")]
     for p in procs:
         p.start()
+    deadline = time.monotonic() + 120
     try:
-        return float(out.get(timeout=120))
+        while True:
+            try:
+                return float(out.get(timeout=0.2))
+            except queue.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    raise RuntimeError(f"the header-latency probe's two processes gave no result (exit codes "
+                                       f"{[p.exitcode for p in procs]}; a spawned process re-imports __main__, so "
+                                       "run the profile from the casync command or a script file)") from None
     finally:
         for p in procs:
             p.join(10)

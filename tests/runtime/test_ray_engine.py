@@ -110,6 +110,22 @@ def test_actors_on_one_machine_need_no_process_group_nor_torch(ray_local):
         assert time.monotonic() - t0 < 15  # half the engine's timeout: the dead peer is seen, not waited out
 
 
+def test_actors_of_an_fp16_plan_cast_through_torch_on_one_thread(ray_local):
+    """NumPy casts to float16 at a tenth of PyTorch's speed: actors whose plan has fp16 load torch for it (one
+    intra-op thread, as every op runs on one core), and give LocalEngine's bits."""
+    import sys
+
+    plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="fp16", bucket_bytes=2048)
+    grads = make_grads(SHAPES, 2, seed=0)
+    with RayEngine(plan, timeout_s=30) as engine:
+        got = engine.sync(grads)
+        loaded = ray.get([h.__ray_call__.remote(lambda self: "torch" in sys.modules and sys.modules["torch"]
+                                                 .get_num_threads()) for h in engine.actors.values()])
+    assert loaded == [1] * len(plan.actors)
+    want = casync.LocalEngine(plan).sync(grads)
+    assert all(np.array_equal(got[w][name], want[w][name]) for w in range(2) for name in want[w])
+
+
 def test_compute_threads_are_checked(ray_local):
     plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit")
     for bad in (0, 2.0, True):
