@@ -49,9 +49,9 @@ HEADER_TAG = 1
 
 #: Syncs a host (Ray actor, DDP rank) runs before it stops allocating: the first faults in its result buffers
 #: and residuals, the second a second set of residuals (``begin``'s ``spares``: the residuals a step reads are
-#: never written), and from the third on each step writes where the one two back did.  On a VM a page fault
-#: costs 13-37 us, so the second sync of a ResNet-50 ring/onebit actor takes ~25 ms more CPU than the third:
-#: a benchmark times steady state after this many untimed syncs.
+#: never written), and from the third on each step writes where the one two back did.  The second sync of a
+#: ResNet-50 ring/onebit actor faults ~10k pages and takes ~25 ms more CPU than the third: a benchmark times
+#: steady state after this many untimed syncs.
 WARMUP_SYNCS = 2
 
 
