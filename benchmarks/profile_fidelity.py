@@ -110,7 +110,8 @@ def main() -> None:
             f"RayEngine ({args.workers} actors, direct plane, range over syncs), medians of {args.iters} syncs after "
             f"{WARMUP_SYNCS} warm-ups; simulated with each profile alone, (× measured / simulated: LocalEngine / "
             "RayEngine).\n\n"
-            + markdown_table(["configuration", "LocalEngine", "RayEngine"] + [f"simulated: {n}" for n in profiles], rows)
+            + markdown_table(["configuration", "LocalEngine", "RayEngine"] + [f"simulated: {n}" for n in profiles],
+                             rows)
             + "\n")
     print(write_results(args.out, "profile_fidelity", text, raw))
 

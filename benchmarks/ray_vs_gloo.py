@@ -12,8 +12,8 @@ seeded by (seed, w)), mean over workers:
   ``casync bench``) on an embedded local Ray; gradients made on the actors' node by
   ``casync.bench.measure.GradientStore``.  The *sync span* is the engine's timeline from the first op of
   any worker to the last op of any worker (``casync.bench.measure.sync_span``); median over ``--iters``
-  syncs after ``WARMUP_SYNCS`` warm-ups (``--rounds R``: all configurations R times, syncs pooled).  Each span is cut
-  into categories that add up (``benchmarks/ray_breakdown.py``: RayEngine's per-op rows with their CPU
+  syncs after ``WARMUP_SYNCS`` warm-ups (``--rounds R``: all configurations R times, syncs pooled).  Each span is
+  cut into categories that add up (``benchmarks/ray_breakdown.py``: RayEngine's per-op rows with their CPU
   time, and Ray's task events), and the CPU seconds of the driver, the actors, Ray's processes and the
   rest of the machine in the span are read from /proc, sampled every 10 ms.
 * **gloo**: ``casync.bench.baselines.run_baselines`` with ``gloo-bucket`` (all_reduce of 25 MiB buckets,
@@ -87,7 +87,8 @@ def engine_options(transport: str | None) -> dict[str, Any]:
 
 def measure_engine(plan, store: GradientStore, exact: np.ndarray, iters: int,
                    options: dict[str, Any]) -> dict[str, Any]:
-    """``WARMUP_SYNCS + iters`` syncs of ``plan`` on a fresh RayEngine; per timed sync: span, wall, CPU, breakdown."""
+    """``WARMUP_SYNCS + iters`` syncs of ``plan`` on a fresh RayEngine; per timed sync: span, wall, CPU,
+    breakdown."""
     import ray
 
     from casync.runtime.ray_engine import RayEngine
@@ -236,7 +237,8 @@ def render(result: dict[str, Any]) -> str:
          f"Workload: `{result['model']}`, {result['numel'] / 1e6:.1f}M floats ({result['numel'] * 4 / 1e6:.0f} MB) "
          f"per worker, {result['workers']} workers, mean. Sync span = the engine's timeline from the first op of any "
          f"worker to the last op of any worker (gradients already in the actors); {rounds} round(s), each: every "
-         f"configuration on a fresh RayEngine, {result['iters']} syncs after {WARMUP_SYNCS} warm-ups, then gloo; medians over all "
+         f"configuration on a fresh RayEngine, {result['iters']} syncs after {WARMUP_SYNCS} warm-ups, then gloo; "
+         f"medians over all "
          f"{rounds * result['iters']} syncs. gloo: all_reduce + divide, {result['workers']} processes on loopback, "
          f"barrier to barrier, {result['iters']} iterations, run before the first round and after every round "
          f"(ratios against the median of all). Simulator: `{result['cluster']}`, profile: {result.get('profile', 'packaged')}.", ""]

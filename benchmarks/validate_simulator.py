@@ -8,9 +8,9 @@ For each configuration (strategy x codec x 2-4 workers):
    model — 2 workers, ring and ps with the configuration's codec) on RayEngine and fit the runtime's costs
    (op CPU time in an actor over the profiled one, gap per fused task, per-hop latency, dispatch CPU per
    task) on top of the packaged profile;
-2. measure ``--model``'s gradients on RayEngine (median sync span over ``--iters`` steps after ``measure_timelines``' warm-ups)
-   and simulate the same plan on a one-node ClusterModel with this machine's core count, with the
-   calibrated profile and with the uncalibrated one.
+2. measure ``--model``'s gradients on RayEngine (median sync span over ``--iters`` steps after
+   ``measure_timelines``' warm-ups) and simulate the same plan on a one-node ClusterModel with this machine's
+   core count, with the calibrated profile and with the uncalibrated one.
 
 Calibration runs right before each measurement because the machine is shared and its load drifts within
 minutes.  Writes a Markdown table and the raw numbers as JSON under ``--out``.
@@ -103,7 +103,8 @@ def main() -> None:
             f"```\npython benchmarks/validate_simulator.py --model {args.model} --iters {args.iters} "
             f"--transport {args.transport}\n```\n\n"
             f"Machine: {cores} cores, shared with other jobs (noisy; the load drifts within minutes). Measured: "
-            f"RayEngine (transport={args.transport!r}) on an embedded local Ray, median sync span of {args.iters} steps after {WARMUP_SYNCS} warm-ups (spread: "
+            f"RayEngine (transport={args.transport!r}) on an embedded local Ray, median sync span of {args.iters} "
+            f"steps after {WARMUP_SYNCS} warm-ups (spread: "
             f"quartiles). Predicted: `casync.simulate` on `ClusterModel(nodes=1, cores_per_node={cores})` with the "
             f"packaged micro-benchmark profile plus the runtime's costs fitted (`casync.runtime.calibrate.fit_runtime`, "
             f"`fit_direct_runtime` for the direct plane) "

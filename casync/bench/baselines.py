@@ -307,7 +307,8 @@ def _rank_main(args: argparse.Namespace) -> None:
 # -----------------------------------------------------------------------------------------------------
 
 def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Sequence[str], iters: int = 3,
-                  warmup: int = WARMUP_SYNCS, seed: int = 0, check: bool = True, timeout_s: float = 900.0) -> dict[str, Any]:
+                  warmup: int = WARMUP_SYNCS, seed: int = 0, check: bool = True,
+                  timeout_s: float = 900.0) -> dict[str, Any]:
     """Run ``variants`` on ``workers`` gloo ranks; per variant: sync times (s), payload and wire bytes, checks.
 
     Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds

@@ -161,8 +161,8 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
-def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_SYNCS, seed: int = 0, simulate: bool = True,
-              progress: bool = True, command: str = "", profile: Profile | None = None,
+def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_SYNCS, seed: int = 0,
+              simulate: bool = True, progress: bool = True, command: str = "", profile: Profile | None = None,
               log: Callable[[str], None] | None = None, head_to_head: int = 0,
               profile_source: str | None = None) -> BenchResult:
     """Measure ``grid`` (casync cells and baselines) in ``setup`` and simulate its large-cluster grid.

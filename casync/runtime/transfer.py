@@ -2,8 +2,9 @@
 needs processes): ``alpha + bytes / beta`` seconds and the per-task overhead.
 
 * ``"direct"``: the sender copies the body into the receiver's shared-memory slot (``beta``: that copy, into
-  memory already mapped, cache-cold), then a small header crosses a Unix socket (``alpha``: its one-way latency; actors of
-  one node form no process group); the overhead is the per-rank executor's own cost per task.
+  memory already mapped, cache-cold), then a small header crosses a Unix socket (``alpha``: its one-way
+  latency; actors of one node form no process group); the overhead is the per-rank executor's own cost per
+  task.
 * ``"objectstore"``: a payload returned by one Ray actor and passed to another; the overhead is a Ray call.
 """
 from __future__ import annotations

@@ -107,9 +107,9 @@ def cast(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     NumPy casts to and from float16 one element at a time (about 1.5 ns per element here); PyTorch's CPU
     kernels use the F16C instructions and take a tenth of that.  So where this process has already imported
     torch (the DDP hook, the Trainer, a Ray actor through :func:`load_torch_casts`; this module imports it only
-    there), the copy goes through ``torch.Tensor.copy_``.  Both give the same bits for every float32 and float16 input that is not a
-    NaN (checked exhaustively), and a NaN stays a NaN (its payload bits may differ): engines agree whichever
-    path each one takes.
+    there), the copy goes through ``torch.Tensor.copy_``.  Both give the same bits for every float32 and
+    float16 input that is not a NaN (checked exhaustively), and a NaN stays a NaN (its payload bits may
+    differ): engines agree whichever path each one takes.
     """
     torch = sys.modules.get("torch")
     if torch is None or src.size < TORCH_CAST_MIN or not hasattr(torch, "from_numpy"):
