@@ -8,13 +8,15 @@ so the driver can roll back a step it voids after the fact (NaN/Inf found by an 
 """
 from __future__ import annotations
 
+import sys
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import ray
 
-from primitives.codecs.dense import load_torch_casts
+from primitives.codecs import Codec
+from primitives.codecs.dense import FP16Codec
 from primitives.ir import Actor
 
 from ..engines.executor import RankExecutor
@@ -25,6 +27,23 @@ from .data_plane import DataPlaneMember
 from .shared_results import SharedResults, room_for
 
 
+def load_torch_casts(codecs: Iterable[Codec]) -> bool:
+    """Import PyTorch where one of ``codecs`` is fp16 and torch is installed, so fp16's casts
+    (``primitives.codecs.dense.cast``) take PyTorch's F16C kernels, a tenth of NumPy's time, in an actor that has
+    no other use for torch (on one machine the data plane needs none); a torch this call imports runs on one
+    thread, one op on one core like the rest of the ops.  Returns whether torch is loaded."""
+    if "torch" in sys.modules:
+        return True
+    if not any(isinstance(c, FP16Codec) for c in codecs):
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    torch.set_num_threads(1)
+    return True
+
+
 class ExecutorActor(DataPlaneMember):
     """Hosts :class:`~casync.engines.executor.RankExecutor` for one actor of a plan."""
 
@@ -32,7 +51,7 @@ class ExecutorActor(DataPlaneMember):
                  partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float,
                  compute_threads: int = 1):
         keep_freed_memory()
-        load_torch_casts(codecs.values())  # fp16's casts: PyTorch's take a tenth of NumPy's time
+        load_torch_casts(codecs.values())
         self.name = name
         self.actor = Actor.parse(name)
         self.share, self.codecs, self.plan_seed, self.partitions = share, codecs, plan_seed, partitions

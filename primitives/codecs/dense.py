@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
-from typing import Iterable
 
 import numpy as np
 
@@ -106,8 +105,8 @@ def cast(src: np.ndarray, out: np.ndarray) -> np.ndarray:
 
     NumPy casts to and from float16 one element at a time (about 1.5 ns per element here); PyTorch's CPU
     kernels use the F16C instructions and take a tenth of that.  So where this process has already imported
-    torch (the DDP hook, the Trainer, a Ray actor through :func:`load_torch_casts`; this module imports it only
-    there), the copy goes through ``torch.Tensor.copy_``.  Both give the same bits for every float32 and
+    torch (the DDP hook, the Trainer, RayEngine's actors of a plan with fp16; this module never imports it),
+    the copy goes through ``torch.Tensor.copy_``.  Both give the same bits for every float32 and
     float16 input that is not a NaN (checked exhaustively), and a NaN stays a NaN (its payload bits may
     differ): engines agree whichever path each one takes.
     """
@@ -120,23 +119,6 @@ def cast(src: np.ndarray, out: np.ndarray) -> np.ndarray:
         _quiet_read_only_warning()
     torch.from_numpy(out).copy_(torch.from_numpy(src))
     return out
-
-
-def load_torch_casts(codecs: Iterable[Codec]) -> bool:
-    """Import PyTorch where one of ``codecs`` casts to float16 (fp16) and it is installed, so :func:`cast` takes
-    its F16C path in a process that has no other use for torch (a RayEngine actor on one machine); a torch this
-    call imports runs its kernels on one thread, one op on one core like the rest of the ops.  Returns whether
-    torch is loaded."""
-    if "torch" in sys.modules:
-        return True
-    if not any(isinstance(c, FP16Codec) for c in codecs):
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    torch.set_num_threads(1)
-    return True
 
 
 @functools.cache
