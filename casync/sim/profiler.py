@@ -53,11 +53,16 @@ def largest_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", defaul
     return max(sizes, default=default)
 
 
+#: The most a cache flush writes (a sysfs size is per cache instance; this bounds a misread one)
+MAX_FLUSH_BYTES = 512 << 20
+
+
 class CacheFlusher:
-    """Writes a buffer twice the size of the largest cache, so what an op reads next comes from memory."""
+    """Writes a buffer twice the size of the largest cache (at most :data:`MAX_FLUSH_BYTES`), so what an op
+    reads next comes from memory."""
 
     def __init__(self, nbytes: int | None = None):
-        self.buffer = np.zeros(nbytes or 2 * largest_cache_bytes(), np.uint8)
+        self.buffer = np.zeros(nbytes or min(2 * largest_cache_bytes(), MAX_FLUSH_BYTES), np.uint8)
         self._value = 0
 
     def flush(self) -> None:
