@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections import defaultdict
 
 from casync.bench.predict import make_plan
 from casync.bench.setup import local_setup
@@ -40,11 +39,8 @@ COMPUTE = ("encode", "decode", "merge")
 def simulated_ms(plan, profile: Profile) -> float:
     """Compute per worker of one sync, priced by ``profile`` alone (no runtime model), in ms."""
     cluster = ClusterModel(nodes=plan.workers, workers_per_node=1, bandwidth_gbps=1000, latency_us=1)
-    per_actor: dict[str, float] = defaultdict(float)
-    for r in simulate(plan, cluster, profile.with_runtime(None)).records:
-        if "/compute" in r["lane"]:
-            per_actor[r["actor"]] += r["end"] - r["start"]
-    return 1e3 * statistics.mean(per_actor[f"worker:{w}"] for w in range(plan.workers))
+    timeline = simulate(plan, cluster, profile.with_runtime(None))
+    return 1e3 * statistics.mean(timeline.busy(f"worker:{w}/compute0") for w in range(plan.workers))
 
 
 def op_cpu_ms(rows, workers: int) -> float:

@@ -145,6 +145,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
+    from .engines.executor import WARMUP_SYNCS
     from .training import Trainer
 
     fns = (DigitsMLP.named(args.model), SGD(lr=args.lr, momentum=args.momentum), cross_entropy,
@@ -163,7 +164,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         steps = 100 if args.steps is None and args.epochs is None else args.steps
         history = trainer.fit(steps=steps, epochs=args.epochs)
         acc = accuracy(trainer.model())
-        skip = min(2, max(len(history) - 1, 0))  # the first steps warm caches and Ray up
+        skip = min(WARMUP_SYNCS, max(len(history) - 1, 0))  # the first steps fault in buffers and warm Ray up
         print(trainer.plan.summary())
         print(f"trained {len(history)} steps (to step {trainer.step}) on {trainer.workers} workers: "
               f"held-out accuracy {acc:.4f}, final loss {history.mean('loss', max(0, len(history) - 10)):.4f}")

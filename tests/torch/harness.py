@@ -2,8 +2,8 @@
 
 ``run_ranks("tests.torch.scenarios:name", world, **kwargs)`` starts ``world`` processes (forkserver: torch is
 imported once); each joins a gloo job at a store this process hosts with ``init_process_group`` (the script's
-own default group), runs ``name(rank, world, **kwargs)`` and sends back its return value, or the exception it raised as
-``RankError(kind, message)``.  A rank that dies is reported as ``RankError("died", ...)``.
+own default group), runs ``name(rank, world, **kwargs)`` and sends back its return value, or the exception it
+raised as ``RankError(kind, message)``.  A rank that dies is reported as ``RankError("died", ...)``.
 """
 from __future__ import annotations
 
