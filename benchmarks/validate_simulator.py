@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 import casync
 from casync.engines.executor import WARMUP_SYNCS
 from casync.runtime.calibrate import (calibration_plans, fit_direct_runtime, fit_runtime, measure_dispatch,
-                                     measure_timelines, sync_span)
+                                     measure_run, measure_timelines, sync_span)
 from casync.runtime.ray_layer import connect_ray
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
@@ -46,16 +46,20 @@ HEADERS = ["strategy", "codec", "N", "measured ms", "spread ms", "predicted ms",
 def _describe(runtime) -> str:
     scales = ", ".join(f"{k} x{v:.1f}" for k, v in sorted(runtime.op_scale.items()))
     if runtime.plane != "objectstore":
-        return f"{scales}; per op {runtime.op_gap_s * 1e3:.2f} ms; hop {runtime.hop.a * 1e3:.2f} ms"
+        message = (f"; per message {runtime.message_cpu.a * 1e3:.2f} ms CPU + {runtime.message_cpu.b * 1e9:.2f} ns/B"
+                   if runtime.message_cpu is not None else "")
+        return f"{scales}; per op {runtime.op_gap_s * 1e3:.2f} ms; hop {runtime.hop.a * 1e3:.2f} ms{message}"
     return (f"{scales}; gap {runtime.task_gap_s * 1e3:.1f} ms; hop {runtime.hop.a * 1e3:.1f} ms; "
             f"dispatch {runtime.dispatch_s * 1e3:.2f} ms")
 
 
-def _fit(runs, base: Profile, cores: int, transport: str):
-    """The runtime's costs fitted from calibration runs on ``transport``."""
+def _fit(measured, base: Profile, cores: int, transport: str):
+    """The runtime's costs fitted from calibration runs (``(plan, MeasuredRun)`` pairs) on ``transport``."""
+    runs = [(plan, m.steps) for plan, m in measured]
     if transport == "objectstore":
         return fit_runtime(runs, base, cores=cores, dispatch_s=measure_dispatch(iters=10))
-    return fit_direct_runtime(runs, base, cluster=ClusterModel(nodes=1, workers_per_node=2, cores_per_node=cores))
+    return fit_direct_runtime(runs, base, cluster=ClusterModel(nodes=1, workers_per_node=2, cores_per_node=cores),
+                              process_cpu=[m.process_cpu_s for _, m in measured])
 
 
 def main() -> None:
@@ -76,9 +80,10 @@ def main() -> None:
     rows, raw = [], []
     for strategy, codec, workers in tqdm(CONFIGS, desc="validating"):
         # calibrate right before each measurement: the machine's load drifts within minutes
-        cal_plans = calibration_plans(configs=[("ring", codec), ("ps", codec)])
-        runs = [(p, measure_timelines(p, args.calibration_iters, transport=args.transport)) for p in cal_plans]
-        runtime = _fit(runs, base, cores, args.transport)
+        # ring/none beside the codec's: messages of another size, so the data plane's CPU per byte is identified
+        cal_plans = calibration_plans(configs=list(dict.fromkeys([("ring", codec), ("ps", codec), ("ring", "none")])))
+        measured_runs = [(p, measure_run(p, args.calibration_iters, transport=args.transport)) for p in cal_plans]
+        runtime = _fit(measured_runs, base, cores, args.transport)
         calibrated = base.with_runtime(runtime)
         plan = casync.build_plan(args.model, workers=workers, strategy=strategy, codec=codec)
         spans = [sync_span(rows_) for rows_ in measure_timelines(plan, args.iters, transport=args.transport)]

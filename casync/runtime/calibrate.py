@@ -13,7 +13,10 @@ Micro-benchmarks (``casync.profile``) time each op alone, warm, best of several 
   charges to the sender's CPU): ``a + b * bytes`` (the owner learns the return is stored and pushes the
   consumer's task);
 * **dispatch CPU** — CPU seconds the driver and Ray's own processes burn per task, taken from the cores
-  of the head node (it matters once actors outnumber cores).
+  of the head node (it matters once actors outnumber cores);
+* **message CPU** (direct plane) — what an actor's process burns beyond its compute ops (the sender threads'
+  copies, socket reads and writes, thread wake-ups, Ray's own threads), per message sent: it competes with
+  the ops for the node's cores, which the hop latency does not say.
 
 ``fit_runtime`` reads those from the records of ``RayEngine.timeline()`` and the engine's fused program;
 :class:`casync.sim.costmodel.RuntimeCosts` carries them in a :class:`~casync.sim.costmodel.Profile`.
@@ -24,7 +27,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -174,14 +177,18 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
 
 
 def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
-                       cluster: ClusterModel | None = None) -> RuntimeCosts:
+                       cluster: ClusterModel | None = None,
+                       process_cpu: Sequence[Mapping[str, float]] | None = None) -> RuntimeCosts:
     """Fit :class:`RuntimeCosts` of the direct data plane (per-rank executors) from measured runs.
 
     Compute scale as :func:`fit_runtime`.  ``op_gap_s``: the median idle time between two compute ops of
     one actor when the second one's inputs were already there (the executor's own cost per op).  ``hop``:
     from a send being issued to its receiver noticing the payload (the sender thread's copy, the header's
     trip, the receiver thread's wake-up), ``a + b * bytes``; between nodes, beyond the link, ``remote_hop``.
+    ``process_cpu`` (one mapping per run, as :attr:`MeasuredRun.process_cpu_s`): each actor's process CPU
+    seconds per sync; with it, ``message_cpu`` is fitted by :func:`fit_message_cpu`.
     """
+    runs = list(runs)
     totals: dict[str, list[float]] = {}
     gaps: list[float] = []
     hops: list[tuple[int, float]] = []
@@ -216,11 +223,48 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
         raise ValueError(f"not enough measured data to fit the direct runtime: {len(gaps)} op gaps, {len(hops)} "
                          f"hops, {predicted_s:.3g}s of profiled compute")
     op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
+    op_gap = max(0.0, statistics.median(gaps))
+    message = None if process_cpu is None else fit_message_cpu(runs, process_cpu, op_gap)
     return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=0.0, hop=_fit_hop(hops),
                         op_scale=op_scale, samples={"gaps": len(gaps), "hops": len(hops), "remote_hops": len(remote),
                                                     "ops": len(totals)},
                         remote_hop=_fit_remote_hop(remote, cluster) if remote else None,
-                        op_gap_s=max(0.0, statistics.median(gaps)), plane="direct")
+                        op_gap_s=op_gap, plane="direct", message_cpu=message)
+
+
+def fit_message_cpu(runs: Sequence[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]],
+                    process_cpu: Sequence[Mapping[str, float]], op_gap_s: float = 0.0) -> LinearCost:
+    """CPU seconds per message sent that the actors' processes spend beyond their compute ops, ``a + b * bytes``.
+
+    One sample per run and actor: *other* = process CPU per sync − its compute ops' own CPU (their records'
+    ``cpu``) − the executor's ``op_gap_s`` per compute op, against the messages and bytes it sends per sync;
+    ``a`` and ``b`` by non-negative least squares (the sender's copies, packing, socket reads and writes, thread
+    wake-ups).  Per-sync costs (Ray's calls) land in ``a`` too: they compete for the same cores.  ``b`` is
+    identified only when the runs differ in bytes per message (the default calibration's codecs do).
+    """
+    if len(process_cpu) != len(runs):
+        raise ValueError(f"process_cpu has {len(process_cpu)} entries for {len(runs)} runs")
+    rows, other = [], []
+    for (plan, steps), cpu in zip(runs, process_cpu):
+        for actor, seconds in cpu.items() if steps else ():
+            ops = [r for rows_ in steps for r in rows_ if r["actor"] == actor]
+            compute = [r for r in ops if r["op"] in COMPUTE_OPS]
+            sends = [r for r in ops if r["op"] == "send"]
+            if not sends:
+                continue
+            own = sum(r.get("cpu") or 0.0 for r in compute) + op_gap_s * len(compute)
+            rows.append((len(sends) / len(steps), sum(r["nbytes"] for r in sends) / len(steps)))
+            other.append(max(0.0, seconds - own / len(steps)))
+    if not rows:
+        raise ValueError("no messages in the measured runs: cannot fit the data plane's CPU per message")
+    x, y = np.array(rows, float), np.array(other, float)
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if a < 0 or b < 0:  # the best fit with one of them at zero
+        fits = [(float(np.dot(col, y) / np.dot(col, col)), i) for i, col in enumerate(x.T) if np.dot(col, col) > 0]
+        errs = [(float(np.sum((y - k * x[:, i]) ** 2)), k, i) for k, i in fits]
+        _, k, i = min(errs)
+        a, b = (k, 0.0) if i == 0 else (0.0, k)
+    return LinearCost(max(0.0, float(a)), max(0.0, float(b)))
 
 
 #: Remote hops whose payload needs at most this long on the link fit the constant between-node latency:
@@ -272,11 +316,19 @@ def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CAL
     return [build_plan(tensors, workers=workers, strategy=s, codec=c) for s, c in configs]
 
 
-def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0,
-                      transport: str = "objectstore", warmup: int = WARMUP_SYNCS) -> list[list[dict[str, Any]]]:
+@dataclass
+class MeasuredRun:
+    """Timed syncs of one plan on RayEngine: each step's timeline, and each actor's process CPU seconds per
+    sync (all its threads: ops, the data plane's, Ray's)."""
+
+    steps: list[list[dict[str, Any]]]
+    process_cpu_s: dict[str, float]
+
+
+def measure_run(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0, transport: str = "objectstore",
+                warmup: int = WARMUP_SYNCS) -> MeasuredRun:
     """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: ``warmup`` untimed steps (default:
-    until the actors allocate nothing new, ``casync.engines.executor.WARMUP_SYNCS``), then ``iters`` steps;
-    returns each step's timeline."""
+    until the actors allocate nothing new, ``casync.engines.executor.WARMUP_SYNCS``), then ``iters`` steps."""
     from ..engines.inputs import flatten_worker_grads, random_grads
     from .ray_engine import RayEngine
 
@@ -284,12 +336,22 @@ def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0,
     with RayEngine(plan, timeout_s=timeout_s, transport=transport) as engine:
         for _ in range(warmup):
             engine.run_flat(flats)
+        names = list(engine.actors)
+        before = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], "reading the actors' CPU time")
         steps = []
         for _ in range(iters):
             engine.clear_timeline()
             engine.run_flat(flats)
             steps.append(engine.timeline())
-    return steps
+        after = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], "reading the actors' CPU time")
+    per_sync = {n: (b - a) / max(1, iters) for n, a, b in zip(names, before, after)}
+    return MeasuredRun(steps, per_sync)
+
+
+def measure_timelines(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0,
+                      transport: str = "objectstore", warmup: int = WARMUP_SYNCS) -> list[list[dict[str, Any]]]:
+    """Each timed step's timeline of :func:`measure_run`."""
+    return measure_run(plan, iters, timeout_s, transport, warmup).steps
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -370,17 +432,20 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     plans = calibration_plans() if plans is None else list(plans)
     started = connect_ray(address)
     try:
-        runs = [(plan, measure_timelines(plan, iters, transport=transport))
-                for plan in tqdm(plans, desc="calibrating", disable=not progress)]
+        measured = [(plan, measure_run(plan, iters, transport=transport))
+                    for plan in tqdm(plans, desc="calibrating", disable=not progress)]
         dispatch = measure_dispatch() if transport == "objectstore" else 0.0
     finally:
         if started:
             ray.shutdown()
+    runs = [(plan, m.steps) for plan, m in measured]
     if transport != "objectstore":
-        return profile.with_runtime(fit_direct_runtime(runs, profile, cluster=cluster))
+        cpu = [m.process_cpu_s for _, m in measured]
+        return profile.with_runtime(fit_direct_runtime(runs, profile, cluster=cluster, process_cpu=cpu))
     runtime = fit_runtime(runs, profile, cores=os.cpu_count(), dispatch_s=dispatch, cluster=cluster)
     return profile.with_runtime(runtime)
 
 
-__all__ = ["CALIBRATION_CONFIGS", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
-           "fit_direct_runtime", "fit_runtime", "measure_dispatch", "measure_timelines", "sync_span", "task_spans"]
+__all__ = ["CALIBRATION_CONFIGS", "MeasuredRun", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
+           "fit_direct_runtime", "fit_message_cpu", "fit_runtime", "measure_dispatch", "measure_run", "measure_timelines",
+           "sync_span", "task_spans"]

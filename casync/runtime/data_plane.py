@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from typing import Any, Callable
 
@@ -84,6 +85,10 @@ class DataPlaneMember:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds this actor's process has used so far, all threads (calibration reads it around syncs)."""
+        return time.process_time()
 
 
 def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transport: str, options: dict[str, Any],

@@ -143,5 +143,9 @@ class SyncActor:
 
         return os.getpid()
 
+    def cpu_seconds(self) -> float:
+        """CPU seconds this actor's process has used so far, all threads (calibration reads it around syncs)."""
+        return time.process_time()
+
 
 RemoteSyncActor = ray.remote(SyncActor)

@@ -46,7 +46,10 @@ class RuntimeCosts:
     beyond the link's own time (Ray's object manager locating and pulling the object); None: as ``hop``.
     ``plane``: the data plane they were fitted on, ``"objectstore"`` (the sender copies each payload into the
     store on its lane) or ``"direct"`` (its sender thread copies it: the copy is in ``hop``, and ``op_gap_s``
-    is the per-rank executor's own cost per op).
+    is the per-rank executor's own cost per op).  ``message_cpu``: CPU seconds the direct plane's threads spend
+    per message outside the ops (sender copy, socket writes and reads, thread wake-ups), ``a + b * bytes``: the
+    simulator charges it on the cores of the node(s) it runs on where the cluster models cores; its latency is
+    already in ``hop``.  None: not fitted (a profile from before it was measured).
     """
 
     compute_scale: float
@@ -58,6 +61,7 @@ class RuntimeCosts:
     remote_hop: LinearCost | None = None  # between nodes, beyond the wire (None: as ``hop``)
     op_gap_s: float = 0.0  # charged on every compute op (the direct plane's executor)
     plane: str = "objectstore"
+    message_cpu: LinearCost | None = None
 
     def scale(self, op: str, codec_key: str = "") -> float:
         """The scale fitted for this op and codec, else the overall one."""
@@ -67,7 +71,8 @@ class RuntimeCosts:
         return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,
                 "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
                 "samples": dict(self.samples), "op_gap_s": self.op_gap_s, "plane": self.plane,
-                **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {})}
+                **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {}),
+                **({"message_cpu": [self.message_cpu.a, self.message_cpu.b]} if self.message_cpu is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":
@@ -81,9 +86,9 @@ class RuntimeCosts:
             raise ValueError(f"{source}: runtime.compute_scale must be a positive number, got {scale!r}")
         if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap < 0:
             raise ValueError(f"{source}: runtime.task_gap_s must be a non-negative number, got {gap!r}")
-        remote = data.get("remote_hop")
-        for name, value in (("hop", hop), ("remote_hop", remote)):
-            if value is None and name == "remote_hop":
+        remote, message = data.get("remote_hop"), data.get("message_cpu")
+        for name, value in (("hop", hop), ("remote_hop", remote), ("message_cpu", message)):
+            if value is None and name != "hop":
                 continue
             if (not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
@@ -107,7 +112,8 @@ class RuntimeCosts:
                    {k: float(v) for k, v in op_scale.items()}, float(dispatch),
                    dict(samples) if isinstance(samples, dict) else {},
                    LinearCost(float(remote[0]), float(remote[1])) if remote is not None else None,
-                   float(op_gap), plane)
+                   float(op_gap), plane,
+                   LinearCost(float(message[0]), float(message[1])) if message is not None else None)
 
 
 @dataclass
@@ -169,6 +175,12 @@ class Profile:
         on the object store only; the ideal runtime charges the copy to the link, the direct plane to the hop)."""
         return nbytes / self.transfer_beta_bps if self.runtime is not None and self.runtime.plane == "objectstore" \
             else 0.0
+
+    def message_cpu_s(self, nbytes: int) -> float:
+        """CPU seconds the data plane's threads spend on one message of ``nbytes`` besides the ops (calibrated on
+        the direct plane only; 0 otherwise)."""
+        rt = self.runtime
+        return rt.message_cpu(nbytes) if rt is not None and rt.message_cpu is not None else 0.0
 
     @property
     def op_cost_s(self) -> float:

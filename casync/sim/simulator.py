@@ -4,7 +4,9 @@ Discrete-event list scheduling: every compute op occupies one of its actor's com
 occupies the sender's egress and the receiver's ingress for as long as the link needs
 (``Profile.link_s``: bytes over the NIC bandwidth between nodes, the object-store copy within one) and its
 recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
-when the profile is calibrated on Ray).  Ops start when their inputs are ready and a lane is free; ready
+when the profile is calibrated on Ray); where the cluster models cores, a calibrated direct plane's threads
+also take ``Profile.message_cpu_s`` of a core per message, which the ops then wait for.  Ops start when
+their inputs are ready and a lane is free; ready
 ops are taken in the order of the one schedule (``casync.schedule.order_key``: readiness, bucket priority,
 exchange round, node name), and the first op of each task of that schedule (same actor, bucket and hop)
 also pays the profile's per-task cost.
@@ -262,8 +264,16 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             size = charge[n]  # its bucket's largest partition's bytes (see casync.sim.optable)
             costs = link_memo.get((size, same))
             if costs is None:
-                costs = link_memo[(size, same)] = profile.link_s(size, same, cluster)
-            wire, delay[recv] = costs
+                costs = link_memo[(size, same)] = (*profile.link_s(size, same, cluster), profile.message_cpu_s(size))
+            wire, delay[recv], thread_cpu = costs
+            if thread_cpu > 0:  # the data plane's threads: on the sender's node, or half on each end's node
+                ends = (actor,) if same else (actor, actor_of[recv])
+                for end_actor in ends:
+                    pool = pool_of[end_actor]
+                    if pool is not None:
+                        core = least_busy(pool)
+                        lane_free[core] = max(lane_free[core], now) + thread_cpu / len(ends)
+                        lane_last[core] = n
             if not same:
                 link_bytes[(table.actors[actor], table.actors[dst])] += nbytes[n]
             arrive, stored = now, now > begin[n]

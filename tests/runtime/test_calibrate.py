@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 import casync
-from casync.runtime.calibrate import fit_runtime, measure_dispatch, measure_timelines, sync_span, task_spans
+from casync.runtime.calibrate import (fit_message_cpu, fit_runtime, measure_dispatch, measure_run, measure_timelines,
+                                     sync_span, task_spans)
 from casync.schedule import compile_program
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
 from casync.sim.simulator import simulate
@@ -23,6 +24,10 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     assert again.runtime == RUNTIME
     remote = replace(RUNTIME, remote_hop=LinearCost(0.012, 0.0))
     assert Profile.load(profile.with_runtime(remote).save(tmp_path / "r.json")).runtime == remote
+    threads = replace(RUNTIME, plane="direct", message_cpu=LinearCost(3e-4, 1e-10))
+    assert Profile.load(profile.with_runtime(threads).save(tmp_path / "m.json")).runtime == threads
+    assert profile.with_runtime(threads).message_cpu_s(10**6) == pytest.approx(3e-4 + 1e-4)
+    assert again.message_cpu_s(10**6) == 0.0 and Profile.default().message_cpu_s(10**6) == 0.0
     assert again.encode_s("onebit", 10**6) == pytest.approx(5.0 * Profile.default().encode_s("onebit", 10**6))
     assert again.decode_s("onebit", 10**6) == pytest.approx(3.0 * Profile.default().decode_s("onebit", 10**6))
     assert again.encode_s("onebit", 10**6, runtime=False) == Profile.default().encode_s("onebit", 10**6)
@@ -41,6 +46,7 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "dispatch_s": -1}, "dispatch_s"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [0.001]}, "remote_hop"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [float("nan"), 0]}, "remote_hop"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "message_cpu": [-1e-3, 0]}, "message_cpu"),
 ])
 def test_malformed_runtime_is_rejected(runtime, match):
     data = Profile.default().to_dict()
@@ -131,9 +137,14 @@ def test_fit_direct_runtime_reads_the_executors_timelines(ray_local):
     from casync.runtime.calibrate import calibration_plans, fit_direct_runtime
 
     plans = calibration_plans(workers=2, configs=(("ring", "onebit"),))
-    runs = [(plan, measure_timelines(plan, iters=2, transport="direct")) for plan in plans]
-    runtime = fit_direct_runtime(runs, Profile.default())
+    measured = [(plan, measure_run(plan, iters=2, transport="direct")) for plan in plans]
+    runs = [(plan, m.steps) for plan, m in measured]
+    assert fit_direct_runtime(runs, Profile.default()).message_cpu is None  # no process CPU: not fitted
+    cpu = [m.process_cpu_s for _, m in measured]
+    assert set(cpu[0]) == {"worker:0", "worker:1"} and all(0 < s < 10 for s in cpu[0].values())
+    runtime = fit_direct_runtime(runs, Profile.default(), process_cpu=cpu)
     assert runtime.plane == "direct" and runtime.task_gap_s == 0.0
+    assert runtime.message_cpu is not None and runtime.message_cpu.a >= 0 and runtime.message_cpu.b >= 0
     assert 0 <= runtime.op_gap_s < 0.5 and runtime.samples["gaps"] > 0 and runtime.samples["hops"] > 0
     assert runtime.hop.a >= 0 and runtime.hop.b >= 0
     profile = Profile.default().with_runtime(runtime)
@@ -141,3 +152,48 @@ def test_fit_direct_runtime_reads_the_executors_timelines(ray_local):
     cluster = ClusterModel(nodes=1, workers_per_node=2)
     assert simulate(plans[0], cluster, profile).iteration_time > simulate(plans[0], cluster).iteration_time
     assert RuntimeCosts.from_dict(runtime.to_dict(), "test") == runtime
+
+
+def _rows(actor: str, sends: list[int], op_cpu: float) -> list[dict]:
+    """One step's records of an actor: an encode taking ``op_cpu`` of CPU, and a send per size in ``sends``."""
+    return ([dict(op="encode", actor=actor, cpu=op_cpu, nbytes=0)]
+            + [dict(op="send", actor=actor, cpu=1e-5, nbytes=n) for n in sends])
+
+
+def test_fit_message_cpu_recovers_the_cost_per_message_and_byte():
+    """What an actor's process spends beyond its ops is ``a`` per message sent plus ``b`` per byte, recovered
+    from runs whose messages differ in size; the compute ops' own CPU and the executor's per-op gap are not
+    counted; a sole size leaves the split unidentified but never negative."""
+    a, b, gap = 4e-4, 2e-10, 1e-5
+    runs, cpu = [], []
+    for sizes in ([1 << 20] * 10, [1 << 14] * 30, [1 << 24] * 4):
+        steps = [_rows("worker:0", sizes, 0.02) + _rows("worker:1", sizes, 0.03) for _ in range(3)]
+        runs.append((None, steps))
+        cpu.append({w: own + gap + len(sizes) * a + sum(sizes) * b
+                    for w, own in (("worker:0", 0.02), ("worker:1", 0.03))})
+    fitted = fit_message_cpu(runs, cpu, op_gap_s=gap)
+    assert fitted.a == pytest.approx(a, rel=1e-6) and fitted.b == pytest.approx(b, rel=1e-6)
+    one = fit_message_cpu(runs[:1], cpu[:1], op_gap_s=gap)
+    assert one.a >= 0 and one.b >= 0 and one(1 << 20) * 10 == pytest.approx(10 * a + 10 * (1 << 20) * b)
+    negative = fit_message_cpu(runs[1:2], [{w: 0.0 for w in cpu[1]}], op_gap_s=gap)  # less than its ops: clipped
+    assert negative == LinearCost(0.0, 0.0)
+    with pytest.raises(ValueError, match="entries for"):
+        fit_message_cpu(runs, cpu[:2])
+    with pytest.raises(ValueError, match="no messages"):
+        fit_message_cpu([(None, [_rows("worker:0", [], 0.01)])], [{"worker:0": 0.1}])
+
+
+def test_message_cpu_takes_the_cores_the_ops_need():
+    """A direct plane's threads burn CPU per message: where the cluster models cores, the ops wait for it
+    (the sync takes longer, more so with more bytes); with no cores modelled only the hop's latency counts."""
+    plan = casync.build_plan([("a", (2_000_000,)), ("b", (1_000_000,))], workers=4, strategy="ring", codec="none")
+    direct = replace(RUNTIME, plane="direct")
+    base = Profile.default().with_runtime(direct)
+    busy = Profile.default().with_runtime(replace(direct, message_cpu=LinearCost(1e-3, 1e-9)))
+    cores = ClusterModel(nodes=1, workers_per_node=4, cores_per_node=2)
+    free = ClusterModel(nodes=1, workers_per_node=4)
+    assert simulate(plan, free, busy).iteration_time == simulate(plan, free, base).iteration_time
+    slower = simulate(plan, cores, busy).iteration_time - simulate(plan, cores, base).iteration_time
+    assert slower > 1e-3
+    two_nodes = ClusterModel(nodes=2, workers_per_node=2, cores_per_node=1)  # half on each end's node
+    assert simulate(plan, two_nodes, busy).iteration_time > simulate(plan, two_nodes, base).iteration_time
