@@ -14,15 +14,18 @@ This script shows that with the simulator instead of asserting it.  For the nete
 * **(b)** the same nodes, each with cores of its own (``cores_per_node=C``, ``host_cores=None``), and with
   ``C:L`` an actor running L ops at once (``compute_lanes=L``: ``RayEngine(compute_threads=L)``);
 
-with the direct plane's calibrated profile (``benchmarks/results/profile_direct_calibrated.json``: ops as
-they ran in loaded Ray actors) and with the packaged micro-benchmark profile (ops at their profiled speed).
+with the direct plane's calibrated profile (``benchmarks/results/profile_direct_calibrated_threads.json``: ops
+as they ran in loaded Ray actors, and the CPU of the actors' other threads) and with the packaged micro-benchmark profile (ops at their profiled speed).
 
 The baseline, gloo ``all_reduce`` in 25 MiB buckets (what DDP does), is not a casync plan.  Its stand-in is
 casync's uncompressed ring (``ring/none``): gloo's ring algorithm moves the same 2(N-1)/N x bytes per node and
 does the same float adds.  The pure link floor, 2(N-1)/N x bytes / bandwidth, is given too: no all-reduce
 beats it.  **op CPU** is the compute the plan's ops need per sync over all actors (from the simulated
-timeline); **floor** is what that costs at best on the cores the setting has: on (a) op CPU / host cores,
-on (b) the busiest node's op CPU over its cores, or one actor's op CPU over its compute lanes.
+timeline); **thread CPU** what the data plane's threads take besides (a calibrated direct plane's CPU per sync
+and per message; none in the packaged profile); **floor** is what both cost at best on the cores the
+setting has: on (a) their sum / host cores, on (b) the busiest node's over its cores, or one actor's op CPU
+over its compute lanes where that is larger.  It bounds syncs run back to back; one simulated sync (first op
+to last) can end a little below it, as part of the threads' CPU comes after its last op.
 Measured times come from the committed netem runs' ``bench.json`` (``benchmarks/results/netem_*``).
 PowerSGD is not a casync plan and is not modelled; only its measured times are reported.
 """
@@ -34,6 +37,7 @@ import json
 import re
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from casync.bench.grid import codec_label
@@ -46,7 +50,7 @@ from casync.table import markdown_table
 STRATEGIES = ("ring", "ps-twoway", "allgather")
 CODECS = ("none", "onebit", "randomk:ratio=0.01")
 STANDIN = ("ring", "none")  # casync's stand-in for gloo's bucketed ring all_reduce
-CALIBRATED = "benchmarks/results/profile_direct_calibrated.json"
+CALIBRATED = "benchmarks/results/profile_direct_calibrated_threads.json"
 #: the issues' goals: {Gbit: {issue: x gloo / DDP allreduce the best casync configuration must reach}}
 GOALS = {1.0: {"#14 (RayEngine)": 8.0, "#16 (DDP hook)": 4.0}, 10.0: {"#14 (RayEngine)": 2.5, "#16 (DDP hook)": 2.0}}
 
@@ -57,6 +61,22 @@ def op_cpu(timeline) -> dict[str, float]:
     for r in timeline.records:
         if "/compute" in r["lane"]:
             out[r["actor"]] += r["end"] - r["start"]
+    return dict(out)
+
+
+def thread_cpu(plan, cluster: ClusterModel, profile: Profile) -> dict[str, float]:
+    """Seconds per actor of the data plane's threads in one sync, as the simulator charges them (a calibrated
+    direct plane's ``sync_cpu_s`` and ``message_cpu_s`` per message: on the sender, half on each end between
+    nodes; 0 for profiles without them)."""
+    out: dict[str, float] = defaultdict(float)
+    for node in plan.nodes(op="send"):
+        a = plan.graph.nodes[node]
+        cost = profile.message_cpu_s(a["nbytes"])
+        ends = (a["actor"],) if cluster.node_of(a["actor"]) == cluster.node_of(a["peer"]) else (a["actor"], a["peer"])
+        for actor in ends:
+            out[actor] += cost / len(ends)
+    for actor in plan.actors:
+        out[actor] += profile.sync_cpu_s
     return dict(out)
 
 
@@ -113,9 +133,12 @@ def simulate_grid(model: str, workers: int, rates: tuple[float, ...], profiles: 
                 row = dict(profile=pname, gbps=gbps, strategy=strategy, codec=codec, link_floor_s=link)
                 for name, cluster in clusters.items():
                     tl = simulate(plan, cluster, profile)
-                    cpu = op_cpu(tl)
-                    row[name] = dict(sync_s=tl.sync_time(), op_cpu_s=sum(cpu.values()), floor_s=floor_s(cpu, cluster),
-                                     cluster=cluster.to_dict())
+                    cpu, threads = op_cpu(tl), thread_cpu(plan, cluster, profile)
+                    total = {a: cpu.get(a, 0.0) + threads.get(a, 0.0) for a in set(cpu) | set(threads)}
+                    # the floor: every core busy with ops and threads, each actor's ops on its own lanes
+                    floor = max(floor_s(total, replace(cluster, compute_lanes=10**9)), floor_s(cpu, cluster))
+                    row[name] = dict(sync_s=tl.sync_time(), op_cpu_s=sum(cpu.values()),
+                                     thread_cpu_s=sum(threads.values()), floor_s=floor, cluster=cluster.to_dict())
                     row["wire_mb_per_node"] = sum(tl.bytes_per_link.values()) / workers / 1e6
                 rows.append(row)
     return rows
@@ -167,7 +190,8 @@ def report(rows: list[dict], meas: dict[float, dict], names: list[str], host_cor
             key = (r["strategy"], r["codec"])
             cells = [f"{r['strategy']}/{codec_label(r['codec'])}", round(r["wire_mb_per_node"], 2),
                      _measured_cell(meas.get(gbps, {}).get(key)), round(r["a"]["sync_s"] * 1e3, 1),
-                     round(r["a"]["op_cpu_s"], 3), round(r["a"]["floor_s"] * 1e3, 1),
+                     round(r["a"]["op_cpu_s"], 3), round(r["a"].get("thread_cpu_s", 0.0), 3),
+                     round(r["a"]["floor_s"] * 1e3, 1),
                      round(standin["a"]["sync_s"] / r["a"]["sync_s"], 2)]
             for b in bs:
                 cells += [round(r[b]["sync_s"] * 1e3, 1), round(r[b]["floor_s"] * 1e3, 1),
@@ -176,7 +200,7 @@ def report(rows: list[dict], meas: dict[float, dict], names: list[str], host_cor
         gloo = meas.get(gbps, {}).get(("gloo-bucket", ""))
         psgd = meas.get(gbps, {}).get(("ddp-powersgd-r1", ""))
         headers = ["configuration", "wire MB/node", "measured ms (range) `newest run`", "(a) sim ms", "op CPU s",
-                   f"(a) floor ms = op CPU / {host_cores}", "(a) × stand-in"]
+                   "thread CPU s", f"(a) floor ms = CPU / {host_cores}", "(a) × stand-in"]
         for b in bs:
             headers += [f"({b}) sim ms", f"({b}) floor ms", f"({b}) × stand-in", f"({b}) × link floor"]
         details.append(f"### {pname} profile, {gbps:g} Gbit\n\n" + markdown_table(headers, table) + "\n\n"
@@ -251,8 +275,10 @@ def main() -> None:
             "2(N-1)/N × bytes per node, the same float adds); **× stand-in** = stand-in's simulated ms / the row's on "
             "the same setting and profile; **× link floor** = 2(N-1)/N × bytes / bandwidth / the row's ms (a ratio no "
             "all-reduce can make smaller). **op CPU** = seconds of compute of all actors per sync (the same on every "
-            "setting); **floor** = op CPU / host cores on (a); on (b) the busiest node's op CPU / its cores, or one "
-            "actor's op CPU / its compute lanes where that is larger. **measured** = sync ms of the "
+            "setting); **thread CPU** = seconds the data plane's threads take besides, per sync (a calibrated "
+            "direct plane's CPU per sync and message, charged on the cores by the simulator; 0 in the packaged "
+            "profile); **floor** = (op + thread CPU) / host cores on (a); on (b) the busiest node's / its cores, "
+            "or one actor's op CPU / its compute lanes where that is larger. **measured** = sync ms of the "
             "committed netem runs on the direct plane (`benchmarks/results/<run>/bench.json`, newest first, "
             "range over runs). Every configuration is at least as fast on (b) as on (a): "
             f"{'yes' if not slower else 'NO: ' + str(slower)}. **× measured gloo** divides gloo's time measured on the "

@@ -5,9 +5,10 @@
 For each configuration (strategy x codec x 2-4 workers):
 
 1. calibrate: run ``casync.runtime.calibrate.calibration_plans`` (synthetic log-spaced tensors — not the validation
-   model — 2 workers, ring and ps with the configuration's codec) on RayEngine and fit the runtime's costs
-   (op CPU time in an actor over the profiled one, gap per fused task, per-hop latency, dispatch CPU per
-   task) on top of the packaged profile;
+   model — 2 workers, ring and ps with the configuration's codec, then the default calibration's strategies
+   and codecs) on RayEngine and fit the runtime's costs (op CPU time in an actor over the profiled one, the
+   executor's gap per op, per-hop latency, the data plane's threads' CPU per sync, message and byte) on top
+   of the packaged profile;
 2. measure ``--model``'s gradients on RayEngine (median sync span over ``--iters`` steps after
    ``measure_timelines``' warm-ups) and simulate the same plan on a one-node ClusterModel with this machine's
    core count, with the calibrated profile and with the uncalibrated one.
@@ -26,7 +27,7 @@ from tqdm.auto import tqdm
 
 import casync
 from casync.engines.executor import WARMUP_SYNCS
-from casync.runtime.calibrate import (calibration_plans, fit_direct_runtime, fit_runtime, measure_dispatch,
+from casync.runtime.calibrate import (CALIBRATION_CONFIGS, calibration_plans, fit_direct_runtime, fit_runtime, measure_dispatch,
                                      measure_run, measure_timelines, sync_span)
 from casync.runtime.ray_layer import connect_ray
 from casync.sim.costmodel import ClusterModel, Profile
@@ -46,8 +47,8 @@ HEADERS = ["strategy", "codec", "N", "measured ms", "spread ms", "predicted ms",
 def _describe(runtime) -> str:
     scales = ", ".join(f"{k} x{v:.1f}" for k, v in sorted(runtime.op_scale.items()))
     if runtime.plane != "objectstore":
-        message = (f"; per message {runtime.message_cpu.a * 1e3:.2f} ms CPU + {runtime.message_cpu.b * 1e9:.2f} ns/B"
-                   if runtime.message_cpu is not None else "")
+        message = (f"; CPU per sync {runtime.sync_cpu_s * 1e3:.1f} ms, per message {runtime.message_cpu.a * 1e3:.2f} ms"
+                   f" + {runtime.message_cpu.b * 1e9:.2f} ns/B" if runtime.message_cpu is not None else "")
         return f"{scales}; per op {runtime.op_gap_s * 1e3:.2f} ms; hop {runtime.hop.a * 1e3:.2f} ms{message}"
     return (f"{scales}; gap {runtime.task_gap_s * 1e3:.1f} ms; hop {runtime.hop.a * 1e3:.1f} ms; "
             f"dispatch {runtime.dispatch_s * 1e3:.2f} ms")
@@ -80,8 +81,10 @@ def main() -> None:
     rows, raw = [], []
     for strategy, codec, workers in tqdm(CONFIGS, desc="validating"):
         # calibrate right before each measurement: the machine's load drifts within minutes
-        # ring/none beside the codec's: messages of another size, so the data plane's CPU per byte is identified
-        cal_plans = calibration_plans(configs=list(dict.fromkeys([("ring", codec), ("ps", codec), ("ring", "none")])))
+        # the codec's ring and ps, then the default calibration's (other strategies and codecs: messages of other
+        # sizes and counts, so the data plane's CPU per byte, per message and per sync are told apart)
+        cal_plans = calibration_plans(configs=list(dict.fromkeys([("ring", codec), ("ps", codec),
+                                                                  *CALIBRATION_CONFIGS])))
         measured_runs = [(p, measure_run(p, args.calibration_iters, transport=args.transport)) for p in cal_plans]
         runtime = _fit(measured_runs, base, cores, args.transport)
         calibrated = base.with_runtime(runtime)
@@ -114,8 +117,11 @@ def main() -> None:
             f"packaged micro-benchmark profile plus the runtime's costs fitted (`casync.runtime.calibrate.fit_runtime`, "
             f"`fit_direct_runtime` for the direct plane) "
             f"from calibration runs measured just before each configuration: synthetic log-spaced tensors (not "
-            f"{args.model}), 2 workers, ring and ps with the same codec. Uncalibrated: the micro-benchmark profile "
-            f"alone.\n\n"
+            f"{args.model}), 2 workers, ring and ps with the same codec, then the default calibration's other "
+            f"strategies and codecs (`casync.runtime.calibrate.CALIBRATION_CONFIGS`). On the direct plane the "
+            f"fit includes the CPU the actors' processes spend beyond their ops (per sync, per message and per "
+            f"byte sent), which the simulator charges on the node's cores. Uncalibrated: the micro-benchmark "
+            f"profile alone.\n\n"
             + markdown_table(HEADERS, rows)
             + f"\n\n**{within} of {len(raw)} configurations within 20%** with the calibrated runtime "
             f"({within_ideal} of {len(raw)} uncalibrated).\n")

@@ -14,15 +14,17 @@ Micro-benchmarks (``casync.profile``) time each op alone, warm, best of several 
   consumer's task);
 * **dispatch CPU** — CPU seconds the driver and Ray's own processes burn per task, taken from the cores
   of the head node (it matters once actors outnumber cores);
-* **message CPU** (direct plane) — what an actor's process burns beyond its compute ops (the sender threads'
-  copies, socket reads and writes, thread wake-ups, Ray's own threads), per message sent: it competes with
-  the ops for the node's cores, which the hop latency does not say.
+* **thread CPU** (direct plane) — what an actor's process burns beyond its compute ops (the sender threads'
+  copies, socket reads and writes, thread wake-ups, Ray's own threads), per sync and per message sent: it
+  competes with the ops for the node's cores, which the hop latency does not say.
 
 ``fit_runtime`` reads those from the records of ``RayEngine.timeline()`` and the engine's fused program;
 :class:`casync.sim.costmodel.RuntimeCosts` carries them in a :class:`~casync.sim.costmodel.Profile`.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import os
 import statistics
 import time
@@ -186,7 +188,7 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
     from a send being issued to its receiver noticing the payload (the sender thread's copy, the header's
     trip, the receiver thread's wake-up), ``a + b * bytes``; between nodes, beyond the link, ``remote_hop``.
     ``process_cpu`` (one mapping per run, as :attr:`MeasuredRun.process_cpu_s`): each actor's process CPU
-    seconds per sync; with it, ``message_cpu`` is fitted by :func:`fit_message_cpu`.
+    seconds per sync; with it, ``message_cpu`` and ``sync_cpu_s`` are fitted by :func:`fit_thread_cpu`.
     """
     runs = list(runs)
     totals: dict[str, list[float]] = {}
@@ -224,23 +226,24 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
                          f"hops, {predicted_s:.3g}s of profiled compute")
     op_scale = {k: max(1.0, m / p) for k, (m, p) in totals.items() if p >= 0.02 * predicted_s and p > 1e-3}
     op_gap = max(0.0, statistics.median(gaps))
-    message = None if process_cpu is None else fit_message_cpu(runs, process_cpu, op_gap)
+    sync_cpu, message = (0.0, None) if process_cpu is None else fit_thread_cpu(runs, process_cpu, op_gap)
     return RuntimeCosts(compute_scale=max(1.0, measured_s / predicted_s), task_gap_s=0.0, hop=_fit_hop(hops),
                         op_scale=op_scale, samples={"gaps": len(gaps), "hops": len(hops), "remote_hops": len(remote),
                                                     "ops": len(totals)},
                         remote_hop=_fit_remote_hop(remote, cluster) if remote else None,
-                        op_gap_s=op_gap, plane="direct", message_cpu=message)
+                        op_gap_s=op_gap, plane="direct", message_cpu=message, sync_cpu_s=sync_cpu)
 
 
-def fit_message_cpu(runs: Sequence[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]],
-                    process_cpu: Sequence[Mapping[str, float]], op_gap_s: float = 0.0) -> LinearCost:
-    """CPU seconds per message sent that the actors' processes spend beyond their compute ops, ``a + b * bytes``.
+def fit_thread_cpu(runs: Sequence[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]],
+                   process_cpu: Sequence[Mapping[str, float]], op_gap_s: float = 0.0) -> tuple[float, LinearCost]:
+    """``(per_sync_s, per_message)``: the CPU the actors' processes spend beyond their compute ops, per actor and
+    sync and per message sent (``a + b * bytes``).
 
     One sample per run and actor: *other* = process CPU per sync − its compute ops' own CPU (their records'
-    ``cpu``) − the executor's ``op_gap_s`` per compute op, against the messages and bytes it sends per sync;
-    ``a`` and ``b`` by non-negative least squares (the sender's copies, packing, socket reads and writes, thread
-    wake-ups).  Per-sync costs (Ray's calls) land in ``a`` too: they compete for the same cores.  ``b`` is
-    identified only when the runs differ in bytes per message (the default calibration's codecs do).
+    ``cpu``) − the executor's ``op_gap_s`` per compute op, against 1, the messages and the bytes it sends per
+    sync; the three costs by non-negative least squares.  They are told apart only where the runs differ in
+    messages per sync and in bytes per message (the default calibration's strategies and codecs do); where
+    they do not, the fit still reproduces the runs, split among the three arbitrarily.
     """
     if len(process_cpu) != len(runs):
         raise ValueError(f"process_cpu has {len(process_cpu)} entries for {len(runs)} runs")
@@ -253,18 +256,31 @@ def fit_message_cpu(runs: Sequence[tuple[SyncPlan, Sequence[Sequence[dict[str, A
             if not sends:
                 continue
             own = sum(r.get("cpu") or 0.0 for r in compute) + op_gap_s * len(compute)
-            rows.append((len(sends) / len(steps), sum(r["nbytes"] for r in sends) / len(steps)))
+            rows.append((1.0, len(sends) / len(steps), sum(r["nbytes"] for r in sends) / len(steps)))
             other.append(max(0.0, seconds - own / len(steps)))
     if not rows:
         raise ValueError("no messages in the measured runs: cannot fit the data plane's CPU per message")
-    x, y = np.array(rows, float), np.array(other, float)
-    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
-    if a < 0 or b < 0:  # the best fit with one of them at zero
-        fits = [(float(np.dot(col, y) / np.dot(col, col)), i) for i, col in enumerate(x.T) if np.dot(col, col) > 0]
-        errs = [(float(np.sum((y - k * x[:, i]) ** 2)), k, i) for k, i in fits]
-        _, k, i = min(errs)
-        a, b = (k, 0.0) if i == 0 else (0.0, k)
-    return LinearCost(max(0.0, float(a)), max(0.0, float(b)))
+    sync, a, b = _nonnegative_lstsq(np.array(rows, float), np.array(other, float))
+    return sync, LinearCost(a, b)
+
+
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> list[float]:
+    """Least squares with every coefficient >= 0: the best unconstrained fit over each subset of columns
+    (a handful of columns: exact, no solver needed)."""
+    best: tuple[float, list[float]] = (math.inf, [0.0] * x.shape[1])
+    for used in itertools.product((False, True), repeat=x.shape[1]):
+        cols = [i for i, u in enumerate(used) if u]
+        coef = [0.0] * x.shape[1]
+        if cols:
+            sol = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
+            if np.any(sol < 0):
+                continue
+            for i, v in zip(cols, sol):
+                coef[i] = float(v)
+        err = float(np.sum((y - x @ np.array(coef)) ** 2))
+        if err < best[0] - 1e-18 * max(1.0, float(np.dot(y, y))):
+            best = (err, coef)
+    return best[1]
 
 
 #: Remote hops whose payload needs at most this long on the link fit the constant between-node latency:
@@ -447,5 +463,5 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
 
 
 __all__ = ["CALIBRATION_CONFIGS", "MeasuredRun", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
-           "fit_direct_runtime", "fit_message_cpu", "fit_runtime", "measure_dispatch", "measure_run", "measure_timelines",
+           "fit_direct_runtime", "fit_thread_cpu", "fit_runtime", "measure_dispatch", "measure_run", "measure_timelines",
            "sync_span", "task_spans"]

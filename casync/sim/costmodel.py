@@ -49,7 +49,8 @@ class RuntimeCosts:
     is the per-rank executor's own cost per op).  ``message_cpu``: CPU seconds the direct plane's threads spend
     per message outside the ops (sender copy, socket writes and reads, thread wake-ups), ``a + b * bytes``: the
     simulator charges it on the cores of the node(s) it runs on where the cluster models cores; its latency is
-    already in ``hop``.  None: not fitted (a profile from before it was measured).
+    already in ``hop``.  None: not fitted (a profile from before it was measured).  ``sync_cpu_s``: the same
+    processes' CPU per actor and sync beyond ops and messages (Ray's call, the executor's step set-up).
     """
 
     compute_scale: float
@@ -62,6 +63,7 @@ class RuntimeCosts:
     op_gap_s: float = 0.0  # charged on every compute op (the direct plane's executor)
     plane: str = "objectstore"
     message_cpu: LinearCost | None = None
+    sync_cpu_s: float = 0.0
 
     def scale(self, op: str, codec_key: str = "") -> float:
         """The scale fitted for this op and codec, else the overall one."""
@@ -72,7 +74,8 @@ class RuntimeCosts:
                 "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
                 "samples": dict(self.samples), "op_gap_s": self.op_gap_s, "plane": self.plane,
                 **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {}),
-                **({"message_cpu": [self.message_cpu.a, self.message_cpu.b]} if self.message_cpu is not None else {})}
+                **({"message_cpu": [self.message_cpu.a, self.message_cpu.b], "sync_cpu_s": self.sync_cpu_s}
+                   if self.message_cpu is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":
@@ -104,8 +107,10 @@ class RuntimeCosts:
             raise ValueError(f"{source}: runtime.dispatch_s must be a non-negative number, got {dispatch!r}")
         samples = data.get("samples", {})
         op_gap, plane = data.get("op_gap_s", 0.0), data.get("plane", "objectstore")
-        if isinstance(op_gap, bool) or not isinstance(op_gap, (int, float)) or op_gap < 0:
-            raise ValueError(f"{source}: runtime.op_gap_s must be a non-negative number, got {op_gap!r}")
+        sync_cpu = data.get("sync_cpu_s", 0.0)
+        for name, value in (("op_gap_s", op_gap), ("sync_cpu_s", sync_cpu)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{source}: runtime.{name} must be a non-negative number, got {value!r}")
         if plane not in ("objectstore", "direct"):
             raise ValueError(f"{source}: runtime.plane must be 'objectstore' or 'direct', got {plane!r}")
         return cls(float(scale), float(gap), LinearCost(float(hop[0]), float(hop[1])),
@@ -113,7 +118,8 @@ class RuntimeCosts:
                    dict(samples) if isinstance(samples, dict) else {},
                    LinearCost(float(remote[0]), float(remote[1])) if remote is not None else None,
                    float(op_gap), plane,
-                   LinearCost(float(message[0]), float(message[1])) if message is not None else None)
+                   LinearCost(float(message[0]), float(message[1])) if message is not None else None,
+                   float(sync_cpu))
 
 
 @dataclass
@@ -181,6 +187,11 @@ class Profile:
         the direct plane only; 0 otherwise)."""
         rt = self.runtime
         return rt.message_cpu(nbytes) if rt is not None and rt.message_cpu is not None else 0.0
+
+    @property
+    def sync_cpu_s(self) -> float:
+        """CPU seconds per actor and sync beyond its ops and messages (calibrated direct plane only; else 0)."""
+        return self.runtime.sync_cpu_s if self.runtime is not None else 0.0
 
     @property
     def op_cost_s(self) -> float:

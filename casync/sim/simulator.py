@@ -5,7 +5,8 @@ occupies the sender's egress and the receiver's ingress for as long as the link 
 (``Profile.link_s``: bytes over the NIC bandwidth between nodes, the object-store copy within one) and its
 recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
 when the profile is calibrated on Ray); where the cluster models cores, a calibrated direct plane's threads
-also take ``Profile.message_cpu_s`` of a core per message, which the ops then wait for.  Ops start when
+also take ``Profile.message_cpu_s`` of a core per message (and ``sync_cpu_s`` per actor), which the ops then
+wait for.  Ops start when
 their inputs are ready and a lane is free; ready
 ops are taken in the order of the one schedule (``casync.schedule.order_key``: readiness, bucket priority,
 exchange round, node name), and the first op of each task of that schedule (same actor, bucket and hop)
@@ -119,6 +120,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
     pool_of = [pool_lanes(node_of[a]) for a in range(n_actors)]
     head = pool_lanes(0) if profile.dispatch_s else None
     dispatch_cpu, task_cost, op_cost = profile.dispatch_s, profile.task_cost_s, profile.op_cost_s
+    sync_cpu, synced = profile.sync_cpu_s, set()
     lane_free = [0.0] * len(lane_names)
     lane_last = [-1] * len(lane_names)
 
@@ -199,6 +201,10 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             _, n = heapq.heappop(queue)
             lanes = [lane]
             pool = pool_of[actor]
+            if sync_cpu and pool is not None and actor not in synced:  # the actor's per-sync CPU, at its first op
+                synced.add(actor)
+                core = least_busy(pool)
+                lane_free[core] = max(lane_free[core], ready[n]) + sync_cpu
             if pool is not None:
                 lanes.append(least_busy(pool))
             start = ready[n]

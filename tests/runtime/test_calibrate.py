@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 import casync
-from casync.runtime.calibrate import (fit_message_cpu, fit_runtime, measure_dispatch, measure_run, measure_timelines,
+from casync.runtime.calibrate import (fit_runtime, fit_thread_cpu, measure_dispatch, measure_run, measure_timelines,
                                      sync_span, task_spans)
 from casync.schedule import compile_program
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
@@ -24,9 +24,10 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     assert again.runtime == RUNTIME
     remote = replace(RUNTIME, remote_hop=LinearCost(0.012, 0.0))
     assert Profile.load(profile.with_runtime(remote).save(tmp_path / "r.json")).runtime == remote
-    threads = replace(RUNTIME, plane="direct", message_cpu=LinearCost(3e-4, 1e-10))
+    threads = replace(RUNTIME, plane="direct", message_cpu=LinearCost(3e-4, 1e-10), sync_cpu_s=2e-3)
     assert Profile.load(profile.with_runtime(threads).save(tmp_path / "m.json")).runtime == threads
     assert profile.with_runtime(threads).message_cpu_s(10**6) == pytest.approx(3e-4 + 1e-4)
+    assert profile.with_runtime(threads).sync_cpu_s == 2e-3 and again.sync_cpu_s == 0.0
     assert again.message_cpu_s(10**6) == 0.0 and Profile.default().message_cpu_s(10**6) == 0.0
     assert again.encode_s("onebit", 10**6) == pytest.approx(5.0 * Profile.default().encode_s("onebit", 10**6))
     assert again.decode_s("onebit", 10**6) == pytest.approx(3.0 * Profile.default().decode_s("onebit", 10**6))
@@ -47,6 +48,7 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [0.001]}, "remote_hop"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [float("nan"), 0]}, "remote_hop"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "message_cpu": [-1e-3, 0]}, "message_cpu"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "sync_cpu_s": float("inf")}, "sync_cpu_s"),
 ])
 def test_malformed_runtime_is_rejected(runtime, match):
     data = Profile.default().to_dict()
@@ -160,40 +162,45 @@ def _rows(actor: str, sends: list[int], op_cpu: float) -> list[dict]:
             + [dict(op="send", actor=actor, cpu=1e-5, nbytes=n) for n in sends])
 
 
-def test_fit_message_cpu_recovers_the_cost_per_message_and_byte():
-    """What an actor's process spends beyond its ops is ``a`` per message sent plus ``b`` per byte, recovered
-    from runs whose messages differ in size; the compute ops' own CPU and the executor's per-op gap are not
-    counted; a sole size leaves the split unidentified but never negative."""
-    a, b, gap = 4e-4, 2e-10, 1e-5
+def test_fit_thread_cpu_recovers_the_cost_per_sync_message_and_byte():
+    """What an actor's process spends beyond its ops is a constant per sync plus ``a`` per message sent plus
+    ``b`` per byte, recovered from runs that differ in messages and in their sizes; the compute ops' own CPU
+    and the executor's per-op gap are not counted; a single run is reproduced, never with a negative cost."""
+    sync, a, b, gap = 3e-3, 4e-4, 2e-10, 1e-5
     runs, cpu = [], []
     for sizes in ([1 << 20] * 10, [1 << 14] * 30, [1 << 24] * 4):
         steps = [_rows("worker:0", sizes, 0.02) + _rows("worker:1", sizes, 0.03) for _ in range(3)]
         runs.append((None, steps))
-        cpu.append({w: own + gap + len(sizes) * a + sum(sizes) * b
+        cpu.append({w: own + gap + sync + len(sizes) * a + sum(sizes) * b
                     for w, own in (("worker:0", 0.02), ("worker:1", 0.03))})
-    fitted = fit_message_cpu(runs, cpu, op_gap_s=gap)
+    fitted_sync, fitted = fit_thread_cpu(runs, cpu, op_gap_s=gap)
+    assert fitted_sync == pytest.approx(sync, rel=1e-6)
     assert fitted.a == pytest.approx(a, rel=1e-6) and fitted.b == pytest.approx(b, rel=1e-6)
-    one = fit_message_cpu(runs[:1], cpu[:1], op_gap_s=gap)
-    assert one.a >= 0 and one.b >= 0 and one(1 << 20) * 10 == pytest.approx(10 * a + 10 * (1 << 20) * b)
-    negative = fit_message_cpu(runs[1:2], [{w: 0.0 for w in cpu[1]}], op_gap_s=gap)  # less than its ops: clipped
-    assert negative == LinearCost(0.0, 0.0)
+    one_sync, one = fit_thread_cpu(runs[:1], cpu[:1], op_gap_s=gap)
+    assert min(one_sync, one.a, one.b) >= 0
+    assert one_sync + 10 * one(1 << 20) == pytest.approx(sync + 10 * a + 10 * (1 << 20) * b)
+    assert fit_thread_cpu(runs[1:2], [{w: 0.0 for w in cpu[1]}], op_gap_s=gap) == (0.0, LinearCost(0.0, 0.0))
     with pytest.raises(ValueError, match="entries for"):
-        fit_message_cpu(runs, cpu[:2])
+        fit_thread_cpu(runs, cpu[:2])
     with pytest.raises(ValueError, match="no messages"):
-        fit_message_cpu([(None, [_rows("worker:0", [], 0.01)])], [{"worker:0": 0.1}])
+        fit_thread_cpu([(None, [_rows("worker:0", [], 0.01)])], [{"worker:0": 0.1}])
 
 
-def test_message_cpu_takes_the_cores_the_ops_need():
-    """A direct plane's threads burn CPU per message: where the cluster models cores, the ops wait for it
-    (the sync takes longer, more so with more bytes); with no cores modelled only the hop's latency counts."""
+def test_thread_cpu_takes_the_cores_the_ops_need():
+    """A direct plane's threads burn CPU per message and per sync: where the cluster models cores, the ops
+    wait for it (the sync takes longer); with no cores modelled only the hop's latency counts."""
     plan = casync.build_plan([("a", (2_000_000,)), ("b", (1_000_000,))], workers=4, strategy="ring", codec="none")
     direct = replace(RUNTIME, plane="direct")
     base = Profile.default().with_runtime(direct)
     busy = Profile.default().with_runtime(replace(direct, message_cpu=LinearCost(1e-3, 1e-9)))
+    per_sync = Profile.default().with_runtime(replace(direct, message_cpu=LinearCost(0.0, 0.0), sync_cpu_s=0.05))
     cores = ClusterModel(nodes=1, workers_per_node=4, cores_per_node=2)
     free = ClusterModel(nodes=1, workers_per_node=4)
     assert simulate(plan, free, busy).iteration_time == simulate(plan, free, base).iteration_time
     slower = simulate(plan, cores, busy).iteration_time - simulate(plan, cores, base).iteration_time
     assert slower > 1e-3
+    assert simulate(plan, free, per_sync).iteration_time == simulate(plan, free, base).iteration_time
+    # 4 actors' 50 ms on 2 cores: at least 100 ms more than without, but not every op waits for it
+    assert 0.1 - 1e-9 <= simulate(plan, cores, per_sync).iteration_time - simulate(plan, cores, base).iteration_time
     two_nodes = ClusterModel(nodes=2, workers_per_node=2, cores_per_node=1)  # half on each end's node
     assert simulate(plan, two_nodes, busy).iteration_time > simulate(plan, two_nodes, base).iteration_time
