@@ -90,6 +90,12 @@ class DataPlaneMember:
         """CPU seconds this actor's process has used so far, all threads (calibration reads it around syncs)."""
         return time.process_time()
 
+    def thread_names(self) -> dict[int, str]:
+        """Native thread id -> name of this process's Python threads (to tell its threads apart in /proc)."""
+        import threading
+
+        return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
 
 def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transport: str, options: dict[str, Any],
                get: Callable[[list[Any], str], list[Any]]) -> dict[str, str]:

@@ -147,5 +147,11 @@ class SyncActor:
         """CPU seconds this actor's process has used so far, all threads (calibration reads it around syncs)."""
         return time.process_time()
 
+    def thread_names(self) -> dict[int, str]:
+        """Native thread id -> name of this process's Python threads (to tell its threads apart in /proc)."""
+        import threading
+
+        return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
 
 RemoteSyncActor = ray.remote(SyncActor)

@@ -204,3 +204,23 @@ def test_thread_cpu_takes_the_cores_the_ops_need():
     assert 0.1 - 1e-9 <= simulate(plan, cores, per_sync).iteration_time - simulate(plan, cores, base).iteration_time
     two_nodes = ClusterModel(nodes=2, workers_per_node=2, cores_per_node=1)  # half on each end's node
     assert simulate(plan, two_nodes, busy).iteration_time > simulate(plan, two_nodes, base).iteration_time
+
+
+def test_actors_report_their_cpu_time_and_thread_names(ray_local):
+    """What calibration and benchmarks/sync_window_cpu.py read from an actor: its process CPU seconds (rising
+    with a sync) and its Python threads' native ids and names (the executor's lanes among them)."""
+    import ray
+
+    from casync.engines.inputs import flatten_worker_grads, random_grads
+    from casync.runtime.ray_engine import RayEngine
+
+    plan = casync.build_plan([("a", (200_000,))], workers=2, strategy="ring", codec="onebit")
+    flats, _ = flatten_worker_grads(plan, random_grads(plan))
+    with RayEngine(plan, timeout_s=60) as engine:
+        actor = engine.actors["worker:0"]
+        before = ray.get(actor.cpu_seconds.remote())
+        engine.run_flat(flats)
+        assert ray.get(actor.cpu_seconds.remote()) > before
+        names = ray.get(actor.thread_names.remote())
+        assert "MainThread" in names.values() and all(isinstance(t, int) for t in names)
+        assert any(n.startswith("casync-send-worker:0->") for n in names.values())

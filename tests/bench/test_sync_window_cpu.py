@@ -1,0 +1,55 @@
+"""benchmarks/sync_window_cpu.py's pieces: thread roles, the samples around a span, finding busy processes.
+The script itself runs RayEngine (see its results under benchmarks/results/sync_window_cpu_*)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    """A benchmark script as a module (not via sys.path: benchmarks/codecs.py would shadow the standard library)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_load("result_files")  # what the script imports as a sibling
+swc = _load("sync_window_cpu")
+
+
+def test_thread_roles_leave_the_peers_out():
+    assert swc.thread_role("casync-send-worker:0->worker:13") == "casync-send-#->#"
+    assert swc.thread_role("casync-socket-server:1<-worker:2") == "casync-socket-#<-#"
+    assert swc.thread_role("MainThread") == "MainThread"
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux /proc")
+def test_samples_bracket_a_span_and_a_busy_process_is_found():
+    me = os.getpid()
+
+    def burn() -> None:
+        end = time.process_time() + 0.05
+        while time.process_time() < end:
+            pass
+
+    busy = swc.busy_processes(burn)
+    assert busy.get(me, "").startswith("python")
+    with swc.Sampler({me: "me"}, {me: me}, period_s=0.005) as sampler:
+        time.sleep(0.03)
+        start = time.time()
+        burn()
+        end = time.time()
+        time.sleep(0.03)
+    (t0, m0, p0, th0), (t1, m1, p1, th1) = sampler.around(start, end)
+    assert t0 <= start and t1 >= end and p1[me] >= p0[me] and len(m0) == len(swc.STAT_FIELDS)
+    assert sampler.around(start - 3600, end) is None  # before the first sample: not covered
