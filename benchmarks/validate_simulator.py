@@ -59,7 +59,8 @@ def _fit(measured, base: Profile, cores: int, transport: str):
     runs = [(plan, m.steps) for plan, m in measured]
     if transport == "objectstore":
         return fit_runtime(runs, base, cores=cores, dispatch_s=measure_dispatch(iters=10))
-    return fit_direct_runtime(runs, base, cluster=ClusterModel(nodes=1, workers_per_node=2, cores_per_node=cores),
+    workers = max(p.workers for p, _ in measured)
+    return fit_direct_runtime(runs, base, cluster=ClusterModel(nodes=1, workers_per_node=workers, cores_per_node=cores),
                               process_cpu=[m.process_cpu_s for _, m in measured])
 
 
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--iters", type=int, default=7)
     parser.add_argument("--calibration-iters", type=int, default=4)
+    parser.add_argument("--calibration-workers", default="2",
+                        help="workers of the calibration plans: a number, or 'same' as the configuration measured")
     parser.add_argument("--profile", default=None, help="micro-benchmark profile JSON (default: the packaged one)")
     parser.add_argument("--transport", default="direct", choices=["direct", "objectstore"],
                         help="RayEngine's data plane, measured and calibrated")
@@ -83,8 +86,9 @@ def main() -> None:
         # calibrate right before each measurement: the machine's load drifts within minutes
         # the codec's ring and ps, then the default calibration's (other strategies and codecs: messages of other
         # sizes and counts, so the data plane's CPU per byte, per message and per sync are told apart)
-        cal_plans = calibration_plans(configs=list(dict.fromkeys([("ring", codec), ("ps", codec),
-                                                                  *CALIBRATION_CONFIGS])))
+        cal_workers = workers if args.calibration_workers == "same" else int(args.calibration_workers)
+        cal_plans = calibration_plans(workers=cal_workers, configs=list(dict.fromkeys([("ring", codec), ("ps", codec),
+                                                                                      *CALIBRATION_CONFIGS])))
         measured_runs = [(p, measure_run(p, args.calibration_iters, transport=args.transport)) for p in cal_plans]
         runtime = _fit(measured_runs, base, cores, args.transport)
         calibrated = base.with_runtime(runtime)
