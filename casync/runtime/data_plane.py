@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import uuid
 from typing import Any, Callable
 
@@ -23,9 +22,10 @@ from ..transport.base import RoutedChannel
 from ..transport.shm import Arena, ShmChannel, arenas
 from ..transport.sockets import SocketChannel
 from ..transport.torchdist import TorchChannel, init_group, interface_of, listen_socket
+from .actor_process import ActorProcess
 
 
-class DataPlaneMember:
+class DataPlaneMember(ActorProcess):
     """Mixed into an actor class: joins the group and builds its channel; ``_on_channel(channel)`` takes it."""
 
     timeout_s: float
@@ -79,22 +79,6 @@ class DataPlaneMember:
         """Remove this actor's arena name once every peer mapped it (nothing leaks if a process dies)."""
         if isinstance(self._channel, ShmChannel):
             self._channel.unlink()
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds this actor's process has used so far, all threads (calibration reads it around syncs)."""
-        return time.process_time()
-
-    def thread_names(self) -> dict[int, str]:
-        """Native thread id -> name of this process's Python threads (to tell its threads apart in /proc)."""
-        import threading
-
-        return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
 
 
 def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transport: str, options: dict[str, Any],

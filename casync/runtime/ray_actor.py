@@ -13,9 +13,10 @@ from primitives.ops import run_node
 from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import FusedTask
+from .actor_process import ActorProcess
 
 
-class SyncActor:
+class SyncActor(ActorProcess):
     """Holds its worker's gradients, its error-feedback residuals and its results between calls.
 
     The driver submits every task of an iteration at once; payloads from other actors arrive as resolved
@@ -128,30 +129,12 @@ class SyncActor:
         """Drop a half-finished step (after a failure elsewhere): residuals stay as last committed."""
         self._reset_step()
 
-    # -- state and introspection -------------------------------------------------
+    # -- state ---------------------------------------------------------------------
     def get_residuals(self) -> dict[str, np.ndarray]:
         return self.residuals
 
     def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
         self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}
-
-    def node_id(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def pid(self) -> int:
-        import os
-
-        return os.getpid()
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds this actor's process has used so far, all threads (calibration reads it around syncs)."""
-        return time.process_time()
-
-    def thread_names(self) -> dict[int, str]:
-        """Native thread id -> name of this process's Python threads (to tell its threads apart in /proc)."""
-        import threading
-
-        return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
 
 
 RemoteSyncActor = ray.remote(SyncActor)

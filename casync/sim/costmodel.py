@@ -74,8 +74,8 @@ class RuntimeCosts:
                 "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
                 "samples": dict(self.samples), "op_gap_s": self.op_gap_s, "plane": self.plane,
                 **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {}),
-                **({"message_cpu": [self.message_cpu.a, self.message_cpu.b], "sync_cpu_s": self.sync_cpu_s}
-                   if self.message_cpu is not None else {})}
+                **({"message_cpu": [self.message_cpu.a, self.message_cpu.b]} if self.message_cpu is not None else {}),
+                **({"sync_cpu_s": self.sync_cpu_s} if self.sync_cpu_s else {})}
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":

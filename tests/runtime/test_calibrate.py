@@ -28,6 +28,8 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     assert Profile.load(profile.with_runtime(threads).save(tmp_path / "m.json")).runtime == threads
     assert profile.with_runtime(threads).message_cpu_s(10**6) == pytest.approx(3e-4 + 1e-4)
     assert profile.with_runtime(threads).sync_cpu_s == 2e-3 and again.sync_cpu_s == 0.0
+    per_sync = replace(RUNTIME, plane="direct", sync_cpu_s=1e-3)  # each is saved without the other
+    assert Profile.load(profile.with_runtime(per_sync).save(tmp_path / "s.json")).runtime == per_sync
     assert again.message_cpu_s(10**6) == 0.0 and Profile.default().message_cpu_s(10**6) == 0.0
     assert again.encode_s("onebit", 10**6) == pytest.approx(5.0 * Profile.default().encode_s("onebit", 10**6))
     assert again.decode_s("onebit", 10**6) == pytest.approx(3.0 * Profile.default().decode_s("onebit", 10**6))
