@@ -15,7 +15,8 @@ This script shows that with the simulator instead of asserting it.  For the nete
   ``C:L`` an actor running L ops at once (``compute_lanes=L``: ``RayEngine(compute_threads=L)``);
 
 with the direct plane's calibrated profile (``benchmarks/results/profile_direct_calibrated_threads.json``: ops
-as they ran in loaded Ray actors, and the CPU of the actors' other threads) and with the packaged micro-benchmark profile (ops at their profiled speed).
+as they ran in loaded Ray actors, and the CPU of the actors' other threads) and with the packaged
+micro-benchmark profile (ops at their profiled speed).
 
 The baseline, gloo ``all_reduce`` in 25 MiB buckets (what DDP does), is not a casync plan.  Its stand-in is
 casync's uncompressed ring (``ring/none``): gloo's ring algorithm moves the same 2(N-1)/N x bytes per node and

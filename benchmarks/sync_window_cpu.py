@@ -8,9 +8,9 @@ On an embedded local Ray (default) or on the emulated cluster (``--netem``, run 
 exec``), the configuration's plan runs as ``casync bench`` runs it (gradients made on each worker's node, 2
 warm-ups) while a thread samples, every 20 ms, ``/proc/stat`` (the machine), the CPU of every process that
 used any during one more sync (by name: Ray's daemons, the driver and its sampler, the actors) and each actor
-Python thread's CPU (named from the actors'
-own ``threading.enumerate()``; the rest of an actor's process, Ray's and gloo's native threads, as one row).  Only what falls inside a sync's span (first op
-to last op, the actors' clocks) is counted, so the results' fetch to the driver between syncs is left out.
+Python thread's CPU (named from the actors' own ``threading.enumerate()``; the rest of an actor's process,
+Ray's and gloo's native threads, as one row).  Only what falls inside a sync's span (first op to last op, the
+actors' clocks) is counted, so the results' fetch to the driver between syncs is left out.
 Linux only (``/proc``); all nodes must be on this machine (the emulated cluster is).
 """
 from __future__ import annotations

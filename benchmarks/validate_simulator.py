@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 
 import casync
 from casync.engines.executor import WARMUP_SYNCS
-from casync.runtime.calibrate import (CALIBRATION_CONFIGS, calibration_plans, fit_direct_runtime, fit_runtime, measure_dispatch,
-                                     measure_run, measure_timelines, sync_span)
+from casync.runtime.calibrate import (CALIBRATION_CONFIGS, calibration_plans, fit_direct_runtime, fit_runtime,
+                                     measure_dispatch, measure_run, measure_timelines, sync_span)
 from casync.runtime.ray_layer import connect_ray
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate

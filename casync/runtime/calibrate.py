@@ -353,13 +353,14 @@ def measure_run(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0, transp
         for _ in range(warmup):
             engine.run_flat(flats)
         names = list(engine.actors)
-        before = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], "reading the actors' CPU time")
+        what = "reading the actors' CPU time"
+        before = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], what)
         steps = []
         for _ in range(iters):
             engine.clear_timeline()
             engine.run_flat(flats)
             steps.append(engine.timeline())
-        after = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], "reading the actors' CPU time")
+        after = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], what)
     per_sync = {n: (b - a) / max(1, iters) for n, a, b in zip(names, before, after)}
     return MeasuredRun(steps, per_sync)
 
@@ -462,6 +463,6 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     return profile.with_runtime(runtime)
 
 
-__all__ = ["CALIBRATION_CONFIGS", "MeasuredRun", "TaskSpan", "calibrate_ray", "calibration_plans", "calibration_tensors",
-           "fit_direct_runtime", "fit_thread_cpu", "fit_runtime", "measure_dispatch", "measure_run", "measure_timelines",
-           "sync_span", "task_spans"]
+__all__ = ["CALIBRATION_CONFIGS", "MeasuredRun", "TaskSpan", "calibrate_ray", "calibration_plans",
+           "calibration_tensors", "fit_direct_runtime", "fit_runtime", "fit_thread_cpu", "measure_dispatch",
+           "measure_run", "measure_timelines", "sync_span", "task_spans"]

@@ -6,11 +6,9 @@ occupies the sender's egress and the receiver's ingress for as long as the link 
 recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
 when the profile is calibrated on Ray); where the cluster models cores, a calibrated direct plane's threads
 also take ``Profile.message_cpu_s`` of a core per message (and ``sync_cpu_s`` per actor), which the ops then
-wait for.  Ops start when
-their inputs are ready and a lane is free; ready
-ops are taken in the order of the one schedule (``casync.schedule.order_key``: readiness, bucket priority,
-exchange round, node name), and the first op of each task of that schedule (same actor, bucket and hop)
-also pays the profile's per-task cost.
+wait for.  Ops start when their inputs are ready and a lane is free; ready ops are taken in the order of the
+one schedule (``casync.schedule.order_key``: readiness, bucket priority, exchange round, node name), and the
+first op of each task of that schedule (same actor, bucket and hop) also pays the profile's per-task cost.
 
 The event loop (:func:`run_table`) reads the plan as an :class:`~casync.sim.optable.OpTable` (flat lists of
 integers, lanes numbered), about 2 us per op; the planner feeds it tables glued from per-bucket fragments.
