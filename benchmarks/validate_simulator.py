@@ -108,12 +108,15 @@ def main() -> None:
                         runtime=runtime.to_dict()))
         tqdm.write(format_table(HEADERS, rows[-1:]))
 
+    cal_text = "as many" if args.calibration_workers == "same" else args.calibration_workers
     within = sum(abs(r["rel_error"]) <= 0.2 for r in raw)
     within_ideal = sum(abs(r["uncalibrated_rel_error"]) <= 0.2 for r in raw)
     text = (f"# Simulator validation ({args.model})\n\nGenerated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
             f"in {time.time() - started:.0f} s by\n\n"
             f"```\npython benchmarks/validate_simulator.py --model {args.model} --iters {args.iters} "
-            f"--transport {args.transport}\n```\n\n"
+            f"--transport {args.transport}"
+            + (f" --calibration-workers {args.calibration_workers}" if args.calibration_workers != "2" else "")
+            + "\n```\n\n"
             f"Machine: {cores} cores, shared with other jobs (noisy; the load drifts within minutes). Measured: "
             f"RayEngine (transport={args.transport!r}) on an embedded local Ray, median sync span of {args.iters} "
             f"steps after {WARMUP_SYNCS} warm-ups (spread: "
@@ -121,7 +124,7 @@ def main() -> None:
             f"packaged micro-benchmark profile plus the runtime's costs fitted (`casync.runtime.calibrate.fit_runtime`, "
             f"`fit_direct_runtime` for the direct plane) "
             f"from calibration runs measured just before each configuration: synthetic log-spaced tensors (not "
-            f"{args.model}), 2 workers, ring and ps with the same codec, then the default calibration's other "
+            f"{args.model}), {cal_text} workers, ring and ps with the same codec, then the default calibration's other "
             f"strategies and codecs (`casync.runtime.calibrate.CALIBRATION_CONFIGS`). On the direct plane the "
             f"fit includes the CPU the actors' processes spend beyond their ops (per sync, per message and per "
             f"byte sent), which the simulator charges on the node's cores. Uncalibrated: the micro-benchmark "
