@@ -61,9 +61,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from .sim.profiler import DEFAULT_SIZES, profile
+    from .sim.profiler import DEFAULT_SIZES, QUICK_SIZES, profile
 
-    sizes = DEFAULT_SIZES[:4] if args.quick else DEFAULT_SIZES
+    sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     transfer = None
     # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
     if not (args.no_transfer or args.netem):
