@@ -63,6 +63,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from .sim.profiler import DEFAULT_SIZES, QUICK_SIZES, profile
 
+    if (args.netem or args.calibration_workers is not None) and not args.calibrate_ray:
+        raise ValueError("--netem and --calibration-workers only say how --calibrate-ray runs; add --calibrate-ray")
+    if args.calibration_workers is not None and args.calibration_workers < 2:
+        raise ValueError(f"--calibration-workers must be at least 2 (the plans must send), got {args.calibration_workers}")
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     transfer = None
     # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
@@ -76,19 +80,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(format_table(["codec", "encode a (us)", "encode GB/s", "decode GB/s"], rows))
     print(f"merge: {result.merge.b * 1e9:.3f} ns/element; actor transfer: alpha {result.transfer_alpha_s * 1e3:.2f} ms, "
           f"beta {result.transfer_beta_bps / 1e9:.2f} GB/s; task overhead {result.task_overhead_s * 1e3:.3f} ms")
-    if args.netem and not args.calibrate_ray:
-        raise ValueError("--netem only says where --calibrate-ray runs; add --calibrate-ray")
     if args.calibrate_ray:
-        from .runtime.calibrate import calibrate_ray
+        from .runtime.calibrate import calibrate_ray, calibration_plans
 
+        workers = 2 if args.calibration_workers is None else args.calibration_workers
         address = cluster = None
         if args.netem:
             from .bench.setup import netem_setup
 
             setup = netem_setup(args.netem)
-            address, cluster = setup.ray_address, setup.cluster_model(2)
-        result = calibrate_ray(profile=result, progress=not args.no_progress, address=address, cluster=cluster,
-                               transport=args.transport)
+            address, cluster = setup.ray_address, setup.cluster_model(workers)
+        plans = None if args.calibration_workers is None else calibration_plans(workers=workers)
+        result = calibrate_ray(plans=plans, profile=result, progress=not args.no_progress, address=address,
+                               cluster=cluster, transport=args.transport)
         rt = result.runtime
         remote = (f"; between nodes, beyond the link: {rt.remote_hop.a * 1e3:.2f} ms + {rt.remote_hop.b * 1e9:.3f} ns/byte"
                   if rt.remote_hop is not None else "")
@@ -267,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--no-transfer", action="store_true", help="skip the actor-to-actor transfer measurement")
     pr.add_argument("--transport", default="direct", choices=["direct", "objectstore"],
                     help="the data plane whose transfer cost is measured (default: direct)")
+    pr.add_argument("--calibration-workers", type=int, default=None,
+                    help="with --calibrate-ray: workers of the calibration plans (default 2; as many as a machine "
+                         "will run, to price the ops as they run when actors share its cores and caches)")
     pr.add_argument("--calibrate-ray", action="store_true",
                     help="also run calibration plans on RayEngine and fit the runtime's costs (what simulate "
                          "needs to predict RayEngine on this machine)")

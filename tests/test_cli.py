@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,16 @@ def test_profile_quick_writes_a_loadable_profile(tmp_path, capsys):
     profile = casync.Profile.load(out)
     assert "onebit" in profile.codecs and profile.merge.b > 0
     assert "encode GB/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--calibration-workers", "4"], "add --calibrate-ray"),
+    (["--netem", "links.env"], "add --calibrate-ray"),
+    (["--calibrate-ray", "--calibration-workers", "1"], "at least 2"),
+])
+def test_profile_calibration_options_are_checked_before_anything_runs(argv, message, tmp_path, capsys):
+    """Options that only shape --calibrate-ray are refused at once (not after minutes of profiling)."""
+    started = time.monotonic()
+    assert main(["profile", "--no-progress", "--out", str(tmp_path / "p.json"), *argv]) == 2
+    assert message in capsys.readouterr().err and time.monotonic() - started < 5
+    assert not (tmp_path / "p.json").exists()
