@@ -82,4 +82,5 @@ class AllGather(Strategy):
         acc.use(0, w, 0.0, L, compute)
         acc.use(1, w, ready, net_end, K * (N - 1) * X)
         acc.use(2, w, ready, net_end, K * (N - 1) * X)
+        acc.sent(est, w, K * (N - 1), B)
         return L, K * N * (N - 1) * B

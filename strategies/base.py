@@ -97,8 +97,10 @@ class Strategy(ABC):
 
         ``est`` offers the cost model (``N``, ``o`` per-task cost, ``enc``, ``dec``, ``merge``, ``links``,
         ``slots``, ``two_way``); record each resource's use with ``acc.use(kind, workers, start, end, busy)``
-        (kind 0 compute, 1 egress, 2 ingress).  Returns (makespan, wire bytes), or None to let the planner
-        simulate the bucket alone instead (exact, slower): the default.
+        (kind 0 compute, 1 egress, 2 ingress) and the messages each worker sends with
+        ``acc.sent(est, workers, count, nbytes)`` (their threads' CPU, where a profile prices it).  Returns
+        (makespan, wire bytes), or None to let the planner simulate the bucket alone instead (exact, slower):
+        the default.
         """
         return None
 

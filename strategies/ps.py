@@ -169,4 +169,6 @@ class ParameterServer(Strategy):
         acc.use(1, hosts, T, pull_end, stretch * hosted[hosts] * (N - 1) * Y)
         acc.use(2, hosts, ready, push_end, stretch * hosted[hosts] * (N - 1) * X)
         acc.use(2, w, T, pull_end, stretch * (K - hosted) * Y)
+        acc.sent(est, w, pushes, B)
+        acc.sent(est, hosts, hosted[hosts] * (N - 1), Bp)
         return L, K * (N - 1) * (B + Bp)

@@ -153,4 +153,5 @@ class Ring(Strategy):
         xa = X[ag_src]
         acc.use(1, ag_src, ag_start, ag_start + xa, xa)
         acc.use(2, ag_dst, ag_start, ag_start + xa, xa)
+        acc.sent(est, np.concatenate([wk[:, : N - 1], ag_src], axis=1), 1, B)
         return L, K * 2 * (N - 1) * B

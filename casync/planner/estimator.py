@@ -56,6 +56,7 @@ class Usage:
         self.first = [np.full(N, np.inf) for _ in range(3)]
         self.last = [np.full(N, -np.inf) for _ in range(3)]
         self.work = [np.zeros(N) for _ in range(3)]
+        self.threads = np.zeros(N)  # seconds of the data plane's threads (calibrated profiles), off the lanes
 
     def use(self, kind: int, workers: Any, start: Any, end: Any, busy: Any) -> None:
         """Resource ``kind`` (0 compute, 1 egress, 2 ingress) of ``workers`` busy ``busy`` s in [start, end]."""
@@ -68,6 +69,15 @@ class Usage:
         np.minimum.at(self.first[kind], idx, start)
         np.maximum.at(self.last[kind], idx, end)
         np.add.at(self.work[kind], idx, busy)
+
+    def sent(self, est: "Estimator", workers: Any, count: Any, nbytes: int) -> None:
+        """``workers`` each send ``count`` messages of ``nbytes``: their threads' CPU (a calibrated direct
+        plane's ``Profile.message_cpu_s``) takes the cores of the worker's node, as the simulator charges it."""
+        cost = est.profile.message_cpu_s(nbytes)
+        if cost:
+            workers = np.asarray(workers)
+            np.add.at(self.threads, workers.ravel(), np.broadcast_to(np.asarray(count, float) * cost,
+                                                                     workers.shape).ravel())
 
 
 class Estimator:
@@ -183,6 +193,10 @@ class Estimator:
                         acc.use(kind, [who.index], r["start"], r["end"], r["end"] - r["start"])
             elif lane.startswith("compute") and actor.is_worker:
                 acc.use(0, [actor.index], r["start"], r["end"], r["end"] - r["start"])
+        for node in plan.nodes(op="send"):
+            sender = Actor.parse(plan.graph.nodes[node]["actor"])
+            if sender.is_worker:
+                acc.sent(self, [sender.index], 1, plan.graph.nodes[node]["nbytes"])
         return self._finish(acc, timeline.iteration_time, plan.wire_bytes(), plan.graph.number_of_nodes(), 0.0)
 
     def _finish(self, acc: Usage, L: float, wire: int, ops: int, coupling: float) -> Cost:
@@ -195,6 +209,7 @@ class Estimator:
         if self.cores:
             node_work = np.zeros(self.pools)
             np.add.at(node_work, self.pool, acc.work[0] / min(self.cores, self.lanes * self._wpp()))
+            np.add.at(node_work, self.pool, acc.threads / self.cores)  # the threads run on any of the cores
             node_first = np.full(self.pools, np.inf)
             node_last = np.full(self.pools, -np.inf)
             np.minimum.at(node_first, self.pool, acc.first[0])

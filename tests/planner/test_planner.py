@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 import casync
@@ -226,3 +227,29 @@ def test_cli_simulate_prints_summary_notes_and_times(tmp_path, capsys):
     assert main(["simulate", "--model", "tiny", "--workers", "2", "--strategy", "ring", "--codec", "onebit",
                  "--partitions", "1", "--backward-ms", "5"]) == 0
     assert "backward pass 5 ms" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("strategy,parts,messages", [
+    ("ring", 4, 2 * 3 * 4),            # every partition: N-1 reduce-scatter hops and N-1 forwards
+    ("ps", 4, 4 * 3 + 4 * 3),          # every partition: N-1 pushes to its host, N-1 pulls back
+    ("allgather", 2, 2 * 4 * 3),       # every partition: each worker to each other
+])
+def test_estimator_charges_the_data_planes_threads_on_the_cores_as_the_simulator_does(strategy, parts, messages):
+    """With a calibrated direct plane's CPU per message, the fast estimator puts it on the node's cores (not on
+    any lane): the pool's work grows by the messages' CPU over the cores; without cores modelled, nothing."""
+    from dataclasses import replace
+
+    from casync.planner.estimator import Estimator, Option
+    from casync.sim.costmodel import LinearCost, RuntimeCosts
+
+    codec = get_codec("onebit")
+    runtime = RuntimeCosts(compute_scale=1.0, task_gap_s=0.0, hop=LinearCost(0.0, 0.0), plane="direct")
+    base = casync.Profile.default().with_runtime(runtime)
+    threads = base.with_runtime(replace(runtime, message_cpu=LinearCost(1e-3, 0.0)))
+    cores = casync.ClusterModel(nodes=1, workers_per_node=4, cores_per_node=2)
+    option, numel = Option(strategy, codec, parts), 1_000_000
+    without, with_threads = (Estimator(4, cores, p).cost(numel, option) for p in (base, threads))
+    assert with_threads.work[-1] - without.work[-1] == pytest.approx(messages * 1e-3 / 2)
+    assert np.array_equal(with_threads.work[:-1], without.work[:-1])  # lanes and NICs as before
+    free = casync.ClusterModel(nodes=1, workers_per_node=4)
+    assert Estimator(4, free, threads).cost(numel, option).L == Estimator(4, free, base).cost(numel, option).L
