@@ -72,7 +72,8 @@ class Usage:
 
     def sent(self, est: "Estimator", workers: Any, count: Any, nbytes: int) -> None:
         """``workers`` each send ``count`` messages of ``nbytes``: their threads' CPU (a calibrated direct
-        plane's ``Profile.message_cpu_s``) takes the cores of the worker's node, as the simulator charges it."""
+        plane's ``Profile.message_cpu_s``) takes the cores of the worker's node.  The simulator splits a message
+        between nodes across both ends; in these symmetric exchanges each node's total comes out the same."""
         cost = est.profile.message_cpu_s(nbytes)
         if cost:
             workers = np.asarray(workers)
