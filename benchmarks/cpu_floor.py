@@ -67,15 +67,14 @@ def op_cpu(timeline) -> dict[str, float]:
 
 def thread_cpu(plan, cluster: ClusterModel, profile: Profile) -> dict[str, float]:
     """Seconds per actor of the data plane's threads in one sync, as the simulator charges them (a calibrated
-    direct plane's ``sync_cpu_s`` and ``message_cpu_s`` per message: on the sender, half on each end between
-    nodes; 0 for profiles without them)."""
+    direct plane's ``sync_cpu_s``, and ``Profile.message_cpu_shares`` per message; 0 for profiles without
+    them)."""
     out: dict[str, float] = defaultdict(float)
     for node in plan.nodes(op="send"):
         a = plan.graph.nodes[node]
-        cost = profile.message_cpu_s(a["nbytes"])
-        ends = (a["actor"],) if cluster.node_of(a["actor"]) == cluster.node_of(a["peer"]) else (a["actor"], a["peer"])
-        for actor in ends:
-            out[actor] += cost / len(ends)
+        shares = profile.message_cpu_shares(a["nbytes"], cluster.node_of(a["actor"]) == cluster.node_of(a["peer"]))
+        for actor, seconds in zip((a["actor"], a["peer"]), shares):
+            out[actor] += seconds
     for actor in plan.actors:
         out[actor] += profile.sync_cpu_s
     return dict(out)

@@ -188,6 +188,13 @@ class Profile:
         rt = self.runtime
         return rt.message_cpu(nbytes) if rt is not None and rt.message_cpu is not None else 0.0
 
+    def message_cpu_shares(self, nbytes: int, same_node: bool) -> tuple[float, float]:
+        """``(sender's, receiver's)`` CPU seconds of one message's threads on their nodes' cores: all of
+        :meth:`message_cpu_s` on the sender within a node (its thread copies into the receiver's slot), half
+        on each end between nodes."""
+        cost = self.message_cpu_s(nbytes)
+        return (cost, 0.0) if same_node else (cost / 2, cost / 2)
+
     @property
     def sync_cpu_s(self) -> float:
         """CPU seconds per actor and sync beyond its ops and messages (calibrated direct plane only; else 0)."""

@@ -129,6 +129,13 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
                 best = lane
         return best
 
+    def take_core(pool: list[int], at: float, seconds: float, op: int = -1) -> None:
+        """CPU off every lane (the runtime's threads, Ray's dispatch): the pool's least busy core, from ``at``."""
+        core = least_busy(pool)
+        lane_free[core] = max(lane_free[core], at) + seconds
+        if op >= 0:
+            lane_last[core] = op
+
     def compute_lanes(actor: int) -> list[int]:
         """The actor's least busy compute lane, plus one of its node's shared cores when cores are modelled."""
         lanes = [least_busy(lanes_of[actor])]
@@ -201,8 +208,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             pool = pool_of[actor]
             if sync_cpu and pool is not None and actor not in synced:  # the actor's per-sync CPU, at its first op
                 synced.add(actor)
-                core = least_busy(pool)
-                lane_free[core] = max(lane_free[core], ready[n]) + sync_cpu
+                take_core(pool, ready[n], sync_cpu)
             if pool is not None:
                 lanes.append(least_busy(pool))
             start = ready[n]
@@ -220,8 +226,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
                     task_seen.add(key)
                     duration += task_cost
                     if head is not None:  # the driver and raylet's CPU for this task, on the head node's cores
-                        core = least_busy(head)
-                        lane_free[core] = max(lane_free[core], ready[n]) + dispatch_cpu
+                        take_core(head, ready[n], dispatch_cpu)
             finish = start + duration
             begin[n] = start
             for held in lanes:
@@ -268,16 +273,12 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             size = charge[n]  # its bucket's largest partition's bytes (see casync.sim.optable)
             costs = link_memo.get((size, same))
             if costs is None:
-                costs = link_memo[(size, same)] = (*profile.link_s(size, same, cluster), profile.message_cpu_s(size))
-            wire, delay[recv], thread_cpu = costs
-            if thread_cpu > 0:  # the data plane's threads: on the sender's node, or half on each end's node
-                ends = (actor,) if same else (actor, actor_of[recv])
-                for end_actor in ends:
-                    pool = pool_of[end_actor]
-                    if pool is not None:
-                        core = least_busy(pool)
-                        lane_free[core] = max(lane_free[core], now) + thread_cpu / len(ends)
-                        lane_last[core] = n
+                costs = link_memo[(size, same)] = (*profile.link_s(size, same, cluster),
+                                                   *profile.message_cpu_shares(size, same))
+            wire, delay[recv], sender_cpu, receiver_cpu = costs
+            for end_actor, seconds in ((actor, sender_cpu), (actor_of[recv], receiver_cpu)):
+                if seconds > 0 and pool_of[end_actor] is not None:  # the data plane's threads at each end
+                    take_core(pool_of[end_actor], now, seconds, n)
             if not same:
                 link_bytes[(table.actors[actor], table.actors[dst])] += nbytes[n]
             arrive, stored = now, now > begin[n]

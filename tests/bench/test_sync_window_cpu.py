@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -33,7 +31,6 @@ def test_thread_roles_leave_the_peers_out():
     assert swc.thread_role("MainThread") == "MainThread"
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux /proc")
 def test_samples_bracket_a_span_and_a_busy_process_is_found():
     me = os.getpid()
 

@@ -9,8 +9,8 @@ import pytest
 
 import casync
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile
-from casync.sim.profiler import (MAX_FLUSH_BYTES, CacheFlusher, _Feedback, best_time, fit_linear, largest_cache_bytes,
-                                 profile_codecs)
+from casync.sim.profiler import (MAX_FLUSH_BYTES, CacheFlusher, _Feedback, best_time, fit_linear,
+                                 largest_cache_bytes, profile_codecs)
 from primitives.codecs import get_codec
 from casync.sim.simulator import simulate
 
