@@ -264,9 +264,24 @@ def random_indices(n: int, k: int, seed: int) -> np.ndarray:
     return idx
 
 
+#: Up to this many uint32 draws, two stable argsorts of their 16-bit halves (NumPy's radix sort) take half the
+#: time of one comparison sort (16K draws: 0.12 against 0.25 ms here); above it NumPy's radix argsort costs
+#: about 2.5x more per element and the comparison sort wins.
+RADIX_MAX = 1 << 15
+
+
+def _sorted(a: np.ndarray) -> np.ndarray:
+    """``a`` sorted ascending (in place where it is sorted by comparison)."""
+    if a.dtype != np.uint32 or a.size > RADIX_MAX:
+        a.sort()
+        return a
+    a = a[np.argsort(a.astype(np.uint16), kind="stable")]  # low halves first (astype keeps the low 16 bits)
+    return a[np.argsort((a >> 16).astype(np.uint16), kind="stable")]
+
+
 def _sorted_unique(a: np.ndarray) -> np.ndarray:
-    """Sorted distinct values of ``a`` (sorts ``a`` in place; faster than np.unique's hashing)."""
-    a.sort()
+    """Sorted distinct values of ``a`` (may sort ``a`` in place; faster than np.unique's hashing)."""
+    a = _sorted(a)
     keep = np.empty(a.size, np.bool_)
     keep[:1] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])

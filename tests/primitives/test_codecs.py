@@ -533,6 +533,20 @@ def test_random_indices_are_the_distinct_values_of_the_seeded_draws(n, k):
         np.testing.assert_array_equal(sparse.random_indices(n, k, seed), drawn)
 
 
+@pytest.mark.parametrize("size", [0, 1, 2, 1000, sparse.RADIX_MAX, sparse.RADIX_MAX + 1])
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_draws_are_sorted_like_np_sort_on_both_paths(size, dtype):
+    """The radix path (uint32, up to RADIX_MAX draws) and the comparison sort give np.sort's order, high
+    halves and duplicates included."""
+    rng = np.random.default_rng(size)
+    hi = np.iinfo(np.uint32).max if dtype == np.uint32 else 2**40
+    draws = rng.integers(0, hi, size=size, dtype=dtype, endpoint=True)
+    draws[: size // 3] = draws[size // 3 : 2 * (size // 3)]  # repeats
+    expected = np.sort(draws)
+    np.testing.assert_array_equal(sparse._sorted(draws.copy()), expected)
+    np.testing.assert_array_equal(sparse._sorted_unique(draws.copy()), np.unique(draws))
+
+
 @pytest.mark.parametrize("n,k", [(20, 4), (20, 12)])  # the sparse and the dense draw
 def test_random_indices_are_uniform(n, k):
     trials = 3000
