@@ -29,3 +29,8 @@ class ActorProcess:
     def thread_names(self) -> dict[int, str]:
         """Native thread id -> name of this process's Python threads (to tell its threads apart in /proc)."""
         return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
+    def call_thread(self) -> int:
+        """Native id of the thread Ray runs this actor's default-group calls in (``MainThread``, or a thread
+        Ray started, which Python names ``Dummy-N``, where the actor has concurrency groups)."""
+        return threading.get_native_id()

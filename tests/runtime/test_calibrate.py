@@ -210,7 +210,8 @@ def test_thread_cpu_takes_the_cores_the_ops_need():
 
 def test_actors_report_their_cpu_time_and_thread_names(ray_local):
     """What calibration and benchmarks/sync_window_cpu.py read from an actor: its process CPU seconds (rising
-    with a sync) and its Python threads' native ids and names (the executor's lanes among them)."""
+    with a sync), its Python threads' native ids and names (the executor's lanes among them) and the thread
+    its calls run in."""
     import ray
 
     from casync.engines.inputs import flatten_worker_grads, random_grads
@@ -226,3 +227,4 @@ def test_actors_report_their_cpu_time_and_thread_names(ray_local):
         names = ray.get(actor.thread_names.remote())
         assert "MainThread" in names.values() and all(isinstance(t, int) for t in names)
         assert any(n.startswith("casync-send-worker:0->") for n in names.values())
+        assert names[ray.get(actor.call_thread.remote())] == "MainThread"  # no concurrency groups: Ray's main loop
