@@ -69,12 +69,12 @@ def alone_ms(fns: tuple, workers: int, repeat: int = 30) -> float:
     optimizer = optimizer_fn(model.parameters())
     batches, times = iter(data_fn(0, workers)), []
     for _ in range(repeat + 5):
+        t0 = time.thread_time()
         try:
             batch = next(batches)
         except StopIteration:
             batches = iter(data_fn(0, workers))
             batch = next(batches)
-        t0 = time.thread_time()
         optimizer.zero_grad(set_to_none=True)
         loss_fn(model, batch).backward()
         optimizer.step()
@@ -103,12 +103,12 @@ def main() -> None:
     model_ms = alone_ms(fns, args.workers)
     with Trainer(*fns, workers=args.workers, strategy=args.strategy, codec=args.codec, progress=False) as trainer:
         trainer.fit(steps=args.warmup)
-        actors = trainer._engine.actors
-        workers = trainer._engine.workers
+        actors, workers = trainer._engine.actors, trainer._engine.workers  # (internal: the Trainer's actors)
         pids = dict(zip(workers, ray.get([actors[w].pid.remote() for w in workers])))
         names = {(pids[w], tid): name for w in workers
                  for tid, name in ray.get(actors[w].thread_names.remote()).items()}
-        calls = {(pids[w], tid) for w, tid in zip(workers, ray.get([actors[w].call_thread.remote() for w in workers]))}
+        call_threads = ray.get([actors[w].call_thread.remote() for w in workers])
+        calls = {(pids[w], tid) for w, tid in zip(workers, call_threads)}
         m0, p0, t0 = snapshot(list(pids.values()))
         w0 = time.time()
         history = trainer.fit(steps=args.steps)
@@ -137,7 +137,8 @@ def main() -> None:
     ops_ms = statistics.mean(r.sync_cpu_s for r in history) * 1e3
     compute_ms = statistics.mean(r.compute_s for r in history) * 1e3
     command = (f"python benchmarks/trainer_cpu.py --model {args.model} --workers {n} --strategy {args.strategy} "
-               f"--codec {args.codec} --warmup {args.warmup} --steps {steps}" + (f" --out {args.out}" if args.out else ""))
+               f"--codec {args.codec} --warmup {args.warmup} --steps {steps}"
+               + (f" --out {args.out}" if args.out else ""))
     threads = [[k, f"{per_step(v, n):.1f}", f"{100 * v / max(1, sum(by_thread.values())):.0f}"]
                for k, v in by_thread.most_common() if v]
     text = (f"# Where a Trainer step's CPU goes: {args.model}, {n} workers, {args.strategy}/{args.codec}\n\n"
@@ -159,7 +160,8 @@ def main() -> None:
             f"{cores} × {step_ms:.1f} = {cores * step_ms:.1f} ms ({100 * busy_ms / (cores * step_ms):.0f} %). "
             f"On {cores} cores the processes' CPU alone takes {all_ms / cores:.1f} ms of each {step_ms:.1f} ms step.\n")
     raw = dict(model=args.model, workers=n, strategy=args.strategy, codec=args.codec, warmup=args.warmup, steps=steps,
-               wall_s=wall, step_ms=step_ms, model_step_alone_ms=model_ms, sync_ms=sync_ms, sync_ops_cpu_ms=ops_ms, compute_ms=compute_ms,
+               wall_s=wall, step_ms=step_ms, model_step_alone_ms=model_ms, sync_ms=sync_ms, sync_ops_cpu_ms=ops_ms,
+               compute_ms=compute_ms,
                threads_ms_per_worker_step={k: per_step(v, n) for k, v in by_thread.items()},
                processes_ms_per_step={k: per_step(v) for k, v in by_process.items()},
                machine_ms_per_step={k: per_step(v) for k, v in stat.items()}, cores=cores)
