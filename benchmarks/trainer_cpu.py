@@ -129,7 +129,8 @@ def main() -> None:
     def per_step(value: float, per: int = 1) -> float:
         return value / TICK / steps / per * 1e3
 
-    worker_ms = per_step(sum(by_thread.values()), n)
+    thread_total = sum(by_thread.values())
+    worker_ms = per_step(thread_total, n)
     all_ms = per_step(sum(by_process.values()))
     busy_ms = per_step(sum(v for k, v in stat.items() if k not in ("idle", "iowait")))
     step_ms = wall / steps * 1e3
@@ -139,7 +140,7 @@ def main() -> None:
     command = (f"python benchmarks/trainer_cpu.py --model {args.model} --workers {n} --strategy {args.strategy} "
                f"--codec {args.codec} --warmup {args.warmup} --steps {steps}"
                + (f" --out {args.out}" if args.out else ""))
-    threads = [[k, f"{per_step(v, n):.1f}", f"{100 * v / max(1, sum(by_thread.values())):.0f}"]
+    threads = [[k, f"{per_step(v, n):.1f}", f"{100 * v / max(1, thread_total):.0f}"]
                for k, v in by_thread.most_common() if v]
     text = (f"# Where a Trainer step's CPU goes: {args.model}, {n} workers, {args.strategy}/{args.codec}\n\n"
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} in {time.time() - started:.0f} s "
