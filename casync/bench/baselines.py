@@ -25,6 +25,10 @@ the division; for DDP it runs from the first bucket's comm hook call to the last
 (the hooks' compression, decompression and error feedback included, and the small backward work of the
 later buckets that overlaps them).  ``backward_s`` is the whole forward+backward wall time.
 
+The ranks run on the CPU (gloo) with GPUs hidden (``CUDA_VISIBLE_DEVICES=""``): PyTorch's ``powerSGD_hook``
+calls ``torch.cuda.synchronize`` on a CPU bucket's device whenever CUDA is available, which raises, so on a
+machine with a GPU the PowerSGD rows would fail.
+
 Bytes on the wire assume a ring all-reduce (gloo's algorithm for large CPU tensors): all ranks together
 send ``2 (N-1)`` times the all-reduced payload, matching how ``plan.wire_bytes()`` counts casync's sends.
 """
@@ -335,7 +339,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
                                                "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
                                                "--variants", ",".join(variants), "--result", str(result),
                                                "--timeout", str(int(timeout_s))] + (["--check"] if check else [])
-                env = dict(os.environ, OMP_NUM_THREADS="1", **launcher.env(rank))
+                # CPU ranks: see the module docstring for why GPUs are hidden from them
+                env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **launcher.env(rank))
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                               start_new_session=True))
             deadline = time.monotonic() + timeout_s

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 import statistics
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -158,7 +160,14 @@ def _dense_wire(plan: Any) -> int:
 
 
 def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    """One line for a table cell: the message's first line and, where the message goes on (a failed rank's
+    output), the last line that names an error, so the cause is not cut off with the rest."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    cause = next((line for line in reversed(lines[1:]) if re.search(r"\w(Error|Exception)\b", line)), None)
+    text = f"{type(exc).__name__}: {lines[0]}" + (f" ... {cause}" if cause else "")
+    return text if len(text) <= 300 else text[:150] + " ... " + text[-145:]
 
 
 def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_SYNCS, seed: int = 0,
@@ -186,7 +195,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
     torch_rows = tuple(grid.baselines) + tuple(grid.hook_variants())
     bar = tqdm(total=(len(groups) if torch_rows else 0) + len(cells) + len(sim_cells) + h2h_units, desc="bench",
                unit="cfg", disable=not progress, dynamic_ncols=True)
-    say = log or (lambda msg: bar.write(msg) if progress else None)
+    say = log or (lambda msg: bar.write(msg) if progress else print(msg, file=sys.stderr, flush=True))
     rows: list[Row] = []
     result = BenchResult(setup=setup, grid=grid, rows=rows, sim_rows=[], machine=machine, command=command,
                          seconds=0.0, iters=iters, warmup=warmup)
