@@ -42,7 +42,9 @@ def test_later_steps_on_new_threads_reuse_the_pages():
     applied, faults = run_probe("on")
     assert applied
     first, later = faults[0], faults[1:]
-    assert first > 10_000  # 130 MB touched for the first time
+    # 130 MB touched for the first time: about 33k faults of 4 KiB pages, fewer where the kernel maps larger
+    # folios (about 10k on a 6.18 kernel), never fewer than one per 2 MiB page (62)
+    assert first > 1_000, faults
     assert max(later) < first / 10, faults  # the freed heap is kept and shared by the next threads
 
 
