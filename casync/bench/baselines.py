@@ -334,7 +334,10 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
             for rank in range(workers):
                 log = open(Path(tmp) / f"rank{rank}.log", "w+")
                 logs.append(log)
-                cmd = launcher.prefix(rank) + [sys.executable, "-m", "casync.bench.baselines", "--rank", str(rank),
+                # -c, not -m: casync.bench imports this module first, and -m would run it a second time (with
+                # a RuntimeWarning at the top of every rank's output)
+                cmd = launcher.prefix(rank) + [sys.executable, "-c", "from casync.bench.baselines import main; main()",
+                                               "--rank", str(rank),
                                                "--world", str(workers), "--master", master, "--model", model,
                                                "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
                                                "--variants", ",".join(variants), "--result", str(result),
@@ -373,7 +376,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="one rank of the gloo/DDP baselines (started by run_baselines)")
+    p = argparse.ArgumentParser(prog="casync.bench.baselines",
+                                description="one rank of the gloo/DDP baselines (started by run_baselines)")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--master", required=True, help="host:port of rank 0's TCP store")
