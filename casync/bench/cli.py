@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", type=_list, default=None,
                    help=f"comma-separated strategy labels: {','.join(strategy_labels())}")
     p.add_argument("--transports", type=_list, default=None,
-                   help="comma-separated RayEngine data planes the measured rows run on (direct, the default; gloo; objectstore); each row is labelled strategy@transport")
+                   help="comma-separated RayEngine data planes the measured rows run on (direct, the default; tcp; gloo; objectstore); each row is labelled strategy@transport")
     p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")

@@ -23,7 +23,7 @@ def strategy_labels() -> dict[str, dict[str, Any]]:
 
 #: the data plane the measured rows run on unless a label names another (``ring@objectstore``)
 DEFAULT_TRANSPORT = "direct"
-TRANSPORTS: tuple[str, ...] = ("direct", "gloo", "objectstore")
+TRANSPORTS: tuple[str, ...] = ("direct", "tcp", "gloo", "objectstore")
 
 
 def split_transport(label: str) -> tuple[str, str]:

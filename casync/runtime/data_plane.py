@@ -5,7 +5,9 @@ Train sets up its workers: the first actor picks its node's address and a port, 
 ``init_process_group`` at once.  With ``transport="direct"`` actors on one node map each other's shared-memory
 receive arenas (``casync.transport.shm``; every name is unlinked once mapped) and send each other the rest
 over Unix sockets (``casync.transport.sockets``); the process group is then formed only when the actors span
-several nodes, so on one machine they never import torch nor open a port.
+several nodes, so on one machine they never import torch nor open a port.  With ``transport="tcp"`` they do
+the same on each node, and between nodes each actor listens on a TCP port the OS picks on its node's address
+and the actors connect to each other's (``casync.transport.sockets``): no process group at all.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class DataPlaneMember(ActorProcess):
     name: str
     _channel: Any = None
     _sockets: SocketChannel | None = None
+    _far_sockets: SocketChannel | None = None  # TCP to the other nodes' actors (transport "tcp")
     _rendezvous: socket.socket | None = None  # rank 0's listening socket, from rendezvous to connect
 
     def rendezvous(self, port: int | None) -> tuple[str, int]:
@@ -43,12 +46,16 @@ class DataPlaneMember(ActorProcess):
 
     def connect(self, ranks: dict[str, int], master: str | None, port: int | None, backend: str | None,
                 ifname: str | None, shm: tuple[dict[str, Arena], str] | None = None,
-                near: tuple[list[str], str] | None = None) -> str:
+                near: tuple[list[str], str] | None = None, far_tcp: list[str] | None = None) -> str:
         """Join the group (every actor calls this at once; ``backend`` None: no process group), with ``shm``
-        (arena layout, name prefix) create this actor's shared-memory arena, and with ``near`` (the peers on
-        this node, a name prefix) listen for their sockets; returns the network interface gloo uses ("" when
-        there is no process group)."""
+        (arena layout, name prefix) create this actor's shared-memory arena, with ``near`` (the peers on
+        this node, a name prefix) listen for their sockets, and with ``far_tcp`` (the peers on other nodes)
+        listen for their TCP connections (:meth:`tcp_address`); returns the network interface gloo uses (""
+        when there is no process group)."""
         far: Any = None
+        if far_tcp:
+            self._far_sockets = far = SocketChannel(self.name, far_tcp, "", self.timeout_s,
+                                                    host=ray.util.get_node_ip_address())
         if backend is not None:
             listening, self._rendezvous = self._rendezvous, None
             ifname = ifname or os.environ.get("GLOO_SOCKET_IFNAME") or interface_of(ray.util.get_node_ip_address())
@@ -68,8 +75,15 @@ class DataPlaneMember(ActorProcess):
     def _on_channel(self, channel: Any) -> None:
         raise TypeError(f"{type(self).__name__} must define _on_channel")
 
-    def attach(self) -> None:
-        """Connect to the same-node peers' sockets and map their arenas (every actor made its own first)."""
+    def tcp_address(self) -> tuple[str, int] | None:
+        """Where this actor listens for the other nodes' actors (transport "tcp"; None otherwise)."""
+        return self._far_sockets.address if self._far_sockets is not None else None
+
+    def attach(self, addresses: dict[str, tuple[str, int]] | None = None) -> None:
+        """Connect to the same-node peers' sockets and map their arenas (every actor made its own first), and
+        with ``addresses`` (every actor's :meth:`tcp_address`) to the other nodes' actors."""
+        if self._far_sockets is not None:
+            self._far_sockets.connect(addresses)
         if self._sockets is not None:
             self._sockets.connect()
         if isinstance(self._channel, ShmChannel):
@@ -90,24 +104,29 @@ def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transp
     names = list(actors)
     ranks = {name: rank for rank, name in enumerate(names)}
     backend: str | None = "nccl" if transport == "nccl" else "gloo"
-    shm, near = None, {n: None for n in names}
-    if transport == "direct":
+    shm, near, far_tcp = None, {n: None for n in names}, {n: None for n in names}
+    if transport in ("direct", "tcp"):
         nodes = dict(zip(names, get([actors[n].node_id.remote() for n in names], "locating the actors")))
         prefix = f"casync{os.getpid()}x{uuid.uuid4().hex[:8]}"
         # one slot per transfer of every plan the actors run (a Trainer's full-precision plan too)
         layout = arenas([t for plan, base in plans for t in plan_transfers(plan, base)], nodes)
         shm = (layout, prefix) if layout else None
         near = {n: ([p for p in names if p != n and nodes[p] == nodes[n]], prefix) for n in names}
-        if len(set(nodes.values())) == 1:
-            backend = None  # one machine: sockets and shared memory carry everything, no port is opened
+        if transport == "tcp":
+            far_tcp = {n: [p for p in names if nodes[p] != nodes[n]] for n in names}
+        if transport == "tcp" or len(set(nodes.values())) == 1:
+            backend = None  # sockets and shared memory carry everything (one machine: no port is opened)
     master, port, where = None, None, "connecting the actors"
     if backend is not None:
         master, port = get([actors[names[0]].rendezvous.remote(options.get("port"))], "starting the data plane")[0]
         where = f"forming the {backend} process group at {master}:{port}"
     interfaces = dict(zip(names, get([actors[n].connect.remote(ranks, master, port, backend, options.get("ifname"),
-                                                               shm, near[n]) for n in names], where)))
-    if transport == "direct":
-        get([a.attach.remote() for a in actors.values()], "connecting the actors on each node")
+                                                               shm, near[n], far_tcp[n]) for n in names], where)))
+    if transport in ("direct", "tcp"):
+        addresses = None
+        if transport == "tcp":
+            addresses = dict(zip(names, get([actors[n].tcp_address.remote() for n in names], "listening for TCP")))
+        get([a.attach.remote(addresses) for a in actors.values()], "connecting the actors")
     if shm is not None:
         get([a.unlink.remote() for a in actors.values()], "mapping shared memory")
     return interfaces

@@ -7,7 +7,9 @@ Data planes (``transport=``):
   shared memory between actors on one node (``casync.transport.shm``), over the group between nodes — ops
   run priority-first with communication on their own threads, and Ray carries one call per actor per
   iteration (gradients in, results out).  ``"gloo"``: the same with every payload over gloo (TCP, also
-  on one node); ``"nccl"``: over NCCL (GPUs).
+  on one node); ``"nccl"``: over NCCL (GPUs); ``"tcp"``: as ``"direct"`` on each node, and plain TCP
+  sockets between nodes instead of the process group (``casync.transport.sockets``; a fraction of gloo's
+  CPU per message).
 * ``"objectstore"``: every task of the schedule (one actor's ops of one bucket in one hop) is one Ray call,
   and payloads travel as ObjectRefs through Ray's object store.  A whole iteration is submitted at once;
   actors run tasks as their inputs arrive.  Kept to compare the two.
@@ -39,7 +41,7 @@ from .ray_actor import RemoteSyncActor
 from .ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, dead_actors, positive_number
 from .shared_results import MappedResults
 
-TRANSPORTS = ("direct", "gloo", "nccl", "objectstore")
+TRANSPORTS = ("direct", "tcp", "gloo", "nccl", "objectstore")
 DEFAULT_TRANSPORT = "direct"
 
 
@@ -70,7 +72,8 @@ class RayEngine(EngineBase):
 
     ``placement``: ``"spread"`` puts actors on different nodes when the cluster has them, ``"pack"`` packs them.
     ``timeout_s`` bounds every sync: a dead actor or a stall raises a :class:`casync.SyncError` subclass.
-    ``transport``: ``"gloo"`` (default), ``"nccl"`` or ``"objectstore"`` (see the module docstring);
+    ``transport``: ``"direct"`` (default), ``"tcp"``, ``"gloo"``, ``"nccl"`` or ``"objectstore"`` (see the module
+    docstring);
     ``transport_options``: ``{"port": int, "ifname": str}`` for the process group's rendezvous port on the
     first worker's node and the network interface (default: the one holding the Ray node's address).
     ``compute_threads``: ops each actor runs at once on the direct plane (default 1); give more where an actor

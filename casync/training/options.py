@@ -45,7 +45,8 @@ class TrainOptions:
     * ``check_every``: compare a hash of every worker's parameters every k steps (and at start and save);
       a mismatch raises :class:`casync.ReplicaMismatchError`.
     * ``transport``: the data plane between the actors, ``"direct"`` (shared memory on a node, gloo between
-      nodes) or ``"gloo"`` (gloo everywhere); see ``casync.runtime.ray_engine``.
+      nodes), ``"tcp"`` (shared memory on a node, TCP sockets between nodes) or ``"gloo"`` (gloo everywhere);
+      see ``casync.runtime.ray_engine``.
     """
 
     seed: int = 0
@@ -86,8 +87,8 @@ class TrainOptions:
         _real("cpus_per_worker", self.cpus_per_worker, 0.0, float("inf"))
         if self.placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {self.placement!r}")
-        if self.transport not in ("direct", "gloo"):
-            raise ValueError(f"transport must be 'direct' or 'gloo', got {self.transport!r}")
+        if self.transport not in ("direct", "tcp", "gloo"):
+            raise ValueError(f"transport must be 'direct', 'tcp' or 'gloo', got {self.transport!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -56,13 +56,14 @@ def _assert_same(out, expected, workers):
             np.testing.assert_array_equal(out[w][name], expected[w][name], err_msg=f"worker {w} {name}")
 
 
-def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread", timeout_s=TIMEOUT_S):
+def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread", timeout_s=TIMEOUT_S,
+                    transport="direct"):
     """Steps up to FAULT_STEP, a checkpoint, the fault while step FAULT_STEP is in flight, then a rebuilt engine
     resumes from the checkpoint; everything is compared with a run that had no fault."""
     steps = [make_grads(SHAPES, plan.workers, seed=s) for s in range(STEPS)]
     expected, expected_state = _reference(plan, steps)
     baseline_actors, baseline_pgs = faultkit.alive_actors(), faultkit.live_placement_groups()
-    engine = RayEngine(plan, timeout_s=timeout_s, placement=placement)
+    engine = RayEngine(plan, timeout_s=timeout_s, placement=placement, transport=transport)
     try:
         placed = engine.actor_nodes()  # asked now: once paused, the actors are busy and cannot answer
         for s in range(FAULT_STEP):
@@ -79,7 +80,7 @@ def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread"
     finally:
         gate.unlink(missing_ok=True)
         engine.close()
-    with RayEngine(plan, timeout_s=timeout_s, placement=placement) as fresh:
+    with RayEngine(plan, timeout_s=timeout_s, placement=placement, transport=transport) as fresh:
         fresh.load_state_dict(checkpoint)
         for s in range(FAULT_STEP, STEPS):
             _assert_same(fresh.sync(steps[s]), expected[s], plan.workers)
@@ -95,13 +96,14 @@ def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread"
     return error.value
 
 
-def test_worker_killed_mid_sync(fault_cluster, tmp_path):
+@pytest.mark.parametrize("transport", ["direct", "tcp"])  # gloo between the nodes, or TCP sockets
+def test_worker_killed_mid_sync(fault_cluster, tmp_path, transport):
     import ray
 
     gate = tmp_path / "gate"
     plan = casync.build_plan(SHAPES, workers=3, strategy="ring", codec=faultkit.GatedOneBit(str(gate)))
     error = _run_with_fault(plan, gate, lambda engine, _: ray.kill(engine.actors["worker:1"], no_restart=True),
-                            casync.WorkerLostError)
+                            casync.WorkerLostError, transport=transport)
     assert "worker:1" in str(error)
 
 

@@ -23,6 +23,22 @@ def test_spread_places_actors_on_distinct_nodes_and_matches_local(ray_cluster):
                     np.testing.assert_array_equal(got[w][name], expected[w][name])
 
 
+def test_tcp_between_nodes_matches_local_and_forms_no_process_group(ray_cluster):
+    """transport="tcp": TCP sockets between the nodes' actors instead of a gloo group (so no interface)."""
+    shapes = {"a": (20_000,), "b": (64, 3)}
+    plan = casync.build_plan(shapes, workers=3, strategy="ps", codec="randomk:ratio=0.05")
+    local = casync.LocalEngine(plan)
+    with RayEngine(plan, placement="spread", timeout_s=60, transport="tcp") as engine:
+        assert len(set(engine.actor_nodes().values())) == 3
+        assert set(engine.interfaces.values()) == {""}  # no process group was formed
+        for step in range(3):
+            grads = make_grads(shapes, 3, seed=step)
+            expected, got = local.sync(grads), engine.sync(grads)
+            for w in range(3):
+                for name in shapes:
+                    np.testing.assert_array_equal(got[w][name], expected[w][name])
+
+
 def test_pack_with_dedicated_servers(ray_cluster):
     shapes = {"a": (5000,)}
     plan = casync.build_plan(shapes, workers=2, strategy="ps", servers=2, partitions=2, codec="topk:ratio=0.05")

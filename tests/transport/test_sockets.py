@@ -19,16 +19,19 @@ from casync.transport.sockets import SocketChannel
 from tests.engines.test_executor import SHAPES, check_hub_against_local_engine, executors
 
 
-def connected(actors, timeout_s=10.0, groups=None):
-    """A SocketChannel per actor, each connected to the others of its group (all of ``actors`` by default)."""
+def connected(actors, timeout_s=10.0, groups=None, tcp=False):
+    """A SocketChannel per actor, each connected to the others of its group (all of ``actors`` by default);
+    ``tcp``: over TCP on loopback, as between machines, instead of Unix sockets."""
     prefix = f"casynctest{os.getpid()}x{uuid.uuid4().hex[:6]}"
     groups = groups or [list(actors)]
-    channels = {a: SocketChannel(a, g, prefix, timeout_s) for g in groups for a in g}
+    host = "127.0.0.1" if tcp else None
+    channels = {a: SocketChannel(a, g, prefix, timeout_s, host=host) for g in groups for a in g}
+    addresses = {a: c.address for a, c in channels.items()} if tcp else None
     errors = []
 
     def connect(channel):
         try:
-            channel.connect()
+            channel.connect(addresses)
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -41,9 +44,9 @@ def connected(actors, timeout_s=10.0, groups=None):
     return channels
 
 
-@pytest.fixture
-def pair():
-    channels = connected(["worker:0", "worker:1"], timeout_s=5.0)
+@pytest.fixture(params=["unix", "tcp"])
+def pair(request):
+    channels = connected(["worker:0", "worker:1"], timeout_s=5.0, tcp=request.param == "tcp")
     yield channels["worker:0"], channels["worker:1"]
     for c in channels.values():
         c.close()
@@ -169,3 +172,27 @@ def test_sockets_on_each_machine_and_another_channel_between_them():
             c.close()
     with pytest.raises(SyncError, match="not on this machine and no channel between machines"):
         RoutedChannel(actors[0], sockets[actors[0]], near[actors[0]], None).isend(np.zeros(1), actors[3], 1)
+
+
+def test_unix_sockets_on_each_machine_and_tcp_between_them():
+    """RayEngine's "tcp" data plane in one process: two machines of two actors, Unix sockets within a machine
+    and TCP sockets to the other machine's actors; the executors match LocalEngine."""
+    plan = casync.build_plan(SHAPES, workers=4, codec="onebit", partitions=4, bucket_bytes=600, strategy="ring")
+    actors = plan.actors
+    machines = [actors[:2], actors[2:]]
+    near = connected(actors, groups=machines)
+    far_peers = {a: [p for m in machines if a not in m for p in m] for a in actors}
+    far = {a: SocketChannel(a, far_peers[a], "", 10.0, host="127.0.0.1") for a in actors}
+    addresses = {a: c.address for a, c in far.items()}
+    threads = [threading.Thread(target=c.connect, args=(addresses,)) for c in far.values()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    neighbours = {a: [p for p in m if p != a] for m in machines for a in m}
+    channels = {a: RoutedChannel(a, near[a], neighbours[a], far[a]) for a in actors}
+    try:
+        check_hub_against_local_engine(plan, 2, execs=executors(plan, None, channel=channels.__getitem__))
+    finally:
+        for c in channels.values():
+            c.close()
