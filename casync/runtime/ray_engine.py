@@ -8,8 +8,8 @@ Data planes (``transport=``):
   run priority-first with communication on their own threads, and Ray carries one call per actor per
   iteration (gradients in, results out).  ``"gloo"``: the same with every payload over gloo (TCP, also
   on one node); ``"nccl"``: over NCCL (GPUs); ``"tcp"``: as ``"direct"`` on each node, and plain TCP
-  sockets between nodes instead of the process group (``casync.transport.sockets``; a fraction of gloo's
-  CPU per message).
+  sockets between nodes instead of the process group (``casync.transport.sockets``; about half gloo's
+  CPU per small message).
 * ``"objectstore"``: every task of the schedule (one actor's ops of one bucket in one hop) is one Ray call,
   and payloads travel as ObjectRefs through Ray's object store.  A whole iteration is submitted at once;
   actors run tasks as their inputs arrive.  Kept to compare the two.

@@ -10,7 +10,8 @@ process.
 
 The same channel over TCP (``host=``) carries everything between machines: each actor listens on its node's
 address at a port the OS picks, and the peers learn the addresses before :meth:`SocketChannel.connect`.
-Per message it costs a fraction of a gloo ``isend``/``irecv`` pair's CPU (``benchmarks/results/p2p_cpu``).
+A small message costs about half the CPU of a gloo ``isend``/``irecv`` pair, a large one the same
+(``benchmarks/results/p2p_cpu``).
 The connections are unauthenticated: keep the ports inside the cluster's network (docs/cluster.md).
 """
 from __future__ import annotations
