@@ -2,7 +2,8 @@
 inside the sync spans.
 
     python benchmarks/sync_window_cpu.py [--model resnet50] [--workers 4] [--config ps-twoway/randomk:ratio=0.01]
-                                         [--iters 15] [--netem /run/casync-netem/links.env] [--out DIR]
+                                         [--transport direct] [--iters 15] [--netem /run/casync-netem/links.env]
+                                         [--out DIR]
 
 On an embedded local Ray (default) or on the emulated cluster (``--netem``, run through ``benchmarks/netem/netem.sh
 exec``), the configuration's plan runs as ``casync bench`` runs it (gradients made on each worker's node, 2
@@ -111,6 +112,7 @@ def main() -> None:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--config", default="ps-twoway/randomk:ratio=0.01", help="strategy/codec")
+    p.add_argument("--transport", default="direct", help="RayEngine's data plane (direct, tcp, gloo)")
     p.add_argument("--iters", type=int, default=15)
     p.add_argument("--netem", default=None, help="links.env of the emulated cluster (run through netem.sh exec)")
     p.add_argument("--out", default=None, help="write sync_window_cpu.md/.json here")
@@ -128,7 +130,7 @@ def main() -> None:
         ray.init(num_cpus=args.workers, include_dashboard=False, object_store_memory=2 * 10**9)
     spans, op_cpu = [], []
     with RayEngine(plan, address=setup.ray_address if args.netem else None, timeout_s=300, placement="spread",
-                   transport="direct") as engine:
+                   transport=args.transport) as engine:
         nodes = engine.actor_nodes()
         flats = GradientStore(args.model).refs(plan, [nodes[f"worker:{w}"] for w in range(plan.workers)])
         for _ in range(WARMUP_SYNCS):
@@ -176,13 +178,15 @@ def main() -> None:
     ops_ms = statistics.median(op_cpu) * 1e3
     where = f"the emulated cluster ({args.netem})" if args.netem else "an embedded local Ray"
     command = ("python benchmarks/sync_window_cpu.py " + f"--model {args.model} --workers {args.workers} "
-               f"--config {args.config} --iters {args.iters}" + (f" --netem {args.netem}" if args.netem else "")
+               f"--config {args.config} --transport {args.transport} --iters {args.iters}"
+               + (f" --netem {args.netem}" if args.netem else "")
                + (f" --out {args.out}" if args.out else ""))
     if args.netem:
         netem = "benchmarks/netem/netem.sh"
         command = (f"{netem} up --nodes {setup.nodes} --rate {setup.notes.get('rate', '?')}\n{netem} exec {command}\n"
                    f"{netem} down")
-    text = (f"# CPU during RayEngine's syncs: {args.model}, {args.workers} workers, {args.config}\n\n"
+    text = (f"# CPU during RayEngine's syncs: {args.model}, {args.workers} workers, {args.config} on "
+            f"transport {args.transport}\n\n"
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} in {time.time() - started:.0f} s "
             f"on {where} by\n\n```\n{command}\n```\n\n"
             f"{os.cpu_count()} cores. Median sync span {span_ms:.1f} ms over {len(spans)} syncs after "
@@ -196,7 +200,8 @@ def main() -> None:
             + markdown_table(["thread", "ms per actor and sync"],
                              [[k, ms(v, len(actor_pids))] for k, v in by_thread.most_common() if v])
             + "\n")
-    raw = dict(config=args.config, model=args.model, workers=args.workers, netem=args.netem, spans_s=spans,
+    raw = dict(config=args.config, transport=args.transport, model=args.model, workers=args.workers,
+               netem=args.netem, spans_s=spans,
                op_cpu_per_actor_s=op_cpu, windows=windows, tick_s=1 / TICK,
                machine={k: v / TICK / windows for k, v in zip(STAT_FIELDS, stat)},
                processes={k: v / TICK / windows for k, v in by_process.items() if v},
