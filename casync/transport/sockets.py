@@ -141,7 +141,7 @@ class SocketChannel:
             try:
                 sock, _ = self._listener.accept()
             except socket.timeout:
-                raise SyncTimeoutError(f"{self.actor}: not every peer on this machine connected within "
+                raise SyncTimeoutError(f"{self.actor}: not every peer connected within "
                                        f"{self.timeout_s:g}s") from None
             sock.settimeout(self.timeout_s)
             if self._tcp:

@@ -19,13 +19,15 @@ from casync.transport.sockets import SocketChannel
 from tests.engines.test_executor import SHAPES, check_hub_against_local_engine, executors
 
 
-def connected(actors, timeout_s=10.0, groups=None, tcp=False):
-    """A SocketChannel per actor, each connected to the others of its group (all of ``actors`` by default);
-    ``tcp``: over TCP on loopback, as between machines, instead of Unix sockets."""
+def connected(actors, timeout_s=10.0, groups=None, tcp=False, peers=None):
+    """A SocketChannel per actor, each connected to the others of its group (all of ``actors`` by default) or,
+    with ``peers``, to the actors it maps each one to; ``tcp``: over TCP on loopback, as between machines,
+    instead of Unix sockets."""
     prefix = f"casynctest{os.getpid()}x{uuid.uuid4().hex[:6]}"
-    groups = groups or [list(actors)]
+    if peers is None:
+        peers = {a: g for g in (groups or [list(actors)]) for a in g}
     host = "127.0.0.1" if tcp else None
-    channels = {a: SocketChannel(a, g, prefix, timeout_s, host=host) for g in groups for a in g}
+    channels = {a: SocketChannel(a, p, prefix, timeout_s, host=host) for a, p in peers.items()}
     addresses = {a: c.address for a, c in channels.items()} if tcp else None
     errors = []
 
@@ -181,14 +183,7 @@ def test_unix_sockets_on_each_machine_and_tcp_between_them():
     actors = plan.actors
     machines = [actors[:2], actors[2:]]
     near = connected(actors, groups=machines)
-    far_peers = {a: [p for m in machines if a not in m for p in m] for a in actors}
-    far = {a: SocketChannel(a, far_peers[a], "", 10.0, host="127.0.0.1") for a in actors}
-    addresses = {a: c.address for a, c in far.items()}
-    threads = [threading.Thread(target=c.connect, args=(addresses,)) for c in far.values()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    far = connected(actors, tcp=True, peers={a: [p for m in machines if a not in m for p in m] for a in actors})
     neighbours = {a: [p for p in m if p != a] for m in machines for a in m}
     channels = {a: RoutedChannel(a, near[a], neighbours[a], far[a]) for a in actors}
     try:
