@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated strategy labels: {','.join(strategy_labels())}")
     p.add_argument("--transports", type=_list, default=None,
                    help="comma-separated RayEngine data planes the measured rows run on (direct, the default; tcp; gloo; objectstore); each row is labelled strategy@transport")
+    p.add_argument("--compute-threads", type=int, default=None, metavar="N",
+                   help="ops each casync worker actor runs at once (RayEngine's compute_threads; default 1): more "
+                        "where every worker has cores of its own; the DDP hook rows run one")
     p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")
@@ -74,7 +77,8 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     changes = {}
     for field, value in (("models", args.models), ("workers", args.workers), ("strategies", args.strategies),
                          ("codecs", args.codecs), ("transports", args.transports), ("sim_workers", args.sim_workers),
-                         ("sim_bandwidths_gbps", args.sim_bandwidths), ("sim_models", args.sim_models)):
+                         ("sim_bandwidths_gbps", args.sim_bandwidths), ("sim_models", args.sim_models),
+                         ("compute_threads", args.compute_threads)):
         if value is not None:
             changes[field] = value
     if args.baselines is not None:

@@ -98,8 +98,14 @@ class Grid:
     #: "DDP + casync hook" rows (``casync.bench.hooks``): ``("all",)`` = every measured strategy label except
     #: ``auto`` x every codec; or ``"label/codec"`` entries (``"ring/onebit"``); ``()`` none
     hooks: tuple[str, ...] = ("all",)
+    #: ops each RayEngine actor of the measured rows runs at once (``RayEngine(compute_threads=...)``); the
+    #: predictions of those rows simulate as many compute lanes per actor.  The hook rows run one.
+    compute_threads: int = 1
 
     def __post_init__(self) -> None:
+        from ..engines.executor import check_compute_threads
+
+        check_compute_threads(self.compute_threads, "Grid")
         labels = strategy_labels()
         for s in self.strategies:
             if s not in labels:

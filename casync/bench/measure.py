@@ -48,18 +48,20 @@ def sync_span(rows: list[dict[str, Any]]) -> float:
 
 def measure_plan(plan: SyncPlan, store: GradientStore, exact: np.ndarray | None, *, address: str | None,
                  iters: int = 3, warmup: int = WARMUP_SYNCS, spread: bool = False, timeout_s: float = 300.0,
-                 link_bytes: Callable[[], int | None] | None = None, transport: str = "gloo") -> EngineRun:
+                 link_bytes: Callable[[], int | None] | None = None, transport: str = "gloo",
+                 compute_threads: int = 1) -> EngineRun:
     """Run ``plan`` for ``warmup + iters`` iterations on a fresh RayEngine; time the last ``iters``.
 
     Every iteration checks that all workers hold bit-identical results; the first also measures the
     relative error against ``exact`` (the true mean), before error feedback has any history.
     ``spread``: fail unless every worker actor landed on its own node (the emulated cluster).
     ``link_bytes``: a counter of bytes sent between worker nodes (the emulated links), read around the timed
-    iterations.
+    iterations.  ``compute_threads``: ops each actor runs at once.
     """
     from ..runtime.ray_engine import RayEngine
 
-    with RayEngine(plan, address=address, timeout_s=timeout_s, placement="spread", transport=transport) as engine:
+    with RayEngine(plan, address=address, timeout_s=timeout_s, placement="spread", transport=transport,
+                   compute_threads=compute_threads) as engine:
         actor_nodes = engine.actor_nodes()
         workers = [f"worker:{w}" for w in range(plan.workers)]
         if spread and len({actor_nodes[w] for w in workers}) < len(workers):

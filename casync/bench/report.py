@@ -205,7 +205,7 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
     L = [f"# casync strategy comparison ({'emulated cluster' if s.kind == 'netem' else 'one machine'})", ""]
     L += [f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} in {result.seconds:.0f} s by", "",
           f"```\n{result.command}\n```", ""]
-    L += [f"Setup: {s.describe()}. Simulator's model of it: `{s.cluster_model(min(max(result.grid.workers), s.nodes) if s.kind == 'netem' else max(result.grid.workers))}`"
+    L += [f"Setup: {s.describe()}. Simulator's model of it: `{s.cluster_model(min(max(result.grid.workers), s.nodes) if s.kind == 'netem' else max(result.grid.workers), result.grid.compute_threads)}`"
           f" (per worker count). " + " ".join(f"{k}: {v}." for k, v in s.notes.items() if k.startswith("measured_")), ""]
     L += [f"Machine: {m.get('cores')} cores ({m.get('cpu')}), load average at start {m.get('loadavg_at_start')}; "
           f"Python {m.get('python')}, NumPy {m.get('numpy')}, torch {m.get('torch')}, Ray {m.get('ray')}; "
@@ -381,7 +381,7 @@ def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> lis
                                           f"sync {row.sync_s * 1e3:.1f} ms ({which} casync configuration)"))
         plan = result.plans.get(key)
         if plan is not None:
-            timeline = predict(plan, result.setup.cluster_model(workers), result.profile)
+            timeline = predict(plan, result.setup.cluster_model(workers, result.grid.compute_threads), result.profile)
             paths.append(timeline.draw(str(out / f"{stem}_predicted.png"),
                                        title=f"predicted: {model}, {workers} workers, {row.label}: sync "
                                              f"{timeline.sync_time() * 1e3:.1f} ms ({which} casync configuration)"))

@@ -302,7 +302,7 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
             bar.set_description(f"casync {model} N={workers} {strategy}/{codec_label(codec)}")
             row = Row(model=model, workers=workers, system="casync", strategy=strategy, codec=codec)
             try:
-                cluster = setup.cluster_model(workers)
+                cluster = setup.cluster_model(workers, grid.compute_threads)
                 plan = make_plan(model, workers, strategy, codec, grid.codecs, cluster, seed=seed, profile=profile)
                 row.wire_bytes = plan.wire_bytes()
                 row.dense_wire_bytes = _dense_wire(plan)
@@ -311,6 +311,7 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
                 row.predicted_s = predicted_sync_s(predict(plan, cluster, profile))
                 run: EngineRun = measure_plan(plan, store, exact, address=setup.ray_address, iters=iters,
                                               transport=split_transport(strategy)[1],
+                                              compute_threads=grid.compute_threads,
                                               warmup=warmup, spread=setup.spread_workers,
                                               link_bytes=setup.link_bytes if setup.kind == "netem" else None)
                 row.sync_s, row.sync_all_s = run.sync_median_s, run.sync_s
@@ -356,6 +357,7 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
                 raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
                 run = measure_plan(plan, store, None, address=setup.ray_address, iters=iters, warmup=warmup,
                                    transport=split_transport(best.strategy)[1],
+                                   compute_threads=result.grid.compute_threads,
                                    spread=setup.spread_workers)
             except Exception as exc:
                 say(f"head to head {model} N={workers} round {r + 1} failed: {exc}")

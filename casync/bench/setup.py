@@ -47,19 +47,20 @@ class Setup:
                 f"each), links shaped with tc tbf rate {self.notes.get('rate')} on both ends, netem delay "
                 f"{delay}; all on one machine with {self.cores} cores")
 
-    def cluster_model(self, workers: int) -> ClusterModel:
+    def cluster_model(self, workers: int, compute_lanes: int = 1) -> ClusterModel:
         """The ClusterModel of this setup with ``workers`` workers, for the simulator and the planner.
 
         Local: one node holding every worker, with this machine's cores shared by their compute.  Netem:
         one worker per node on links of the emulated rate, every node competing for this machine's cores
-        (``host_cores``).
+        (``host_cores``).  ``compute_lanes``: ops each actor runs at once (RayEngine's ``compute_threads``).
         """
         if self.kind == "local":
-            return ClusterModel(nodes=1, workers_per_node=workers, cores_per_node=self.cores)
+            return ClusterModel(nodes=1, workers_per_node=workers, cores_per_node=self.cores,
+                                compute_lanes=compute_lanes)
         if workers > self.nodes:
             raise ValueError(f"the emulated cluster has {self.nodes} nodes; {workers} workers need one node each")
         return ClusterModel(nodes=workers, workers_per_node=1, bandwidth_gbps=float(self.bandwidth_gbps),
-                            latency_us=self.latency_us, host_cores=self.cores)
+                            latency_us=self.latency_us, host_cores=self.cores, compute_lanes=compute_lanes)
 
     def launcher(self) -> RankLauncher:
         """How the baselines' ranks start in this setup."""

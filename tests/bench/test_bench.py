@@ -151,6 +151,37 @@ def test_markdown_table_lists_every_row(bench_run):
     assert text.count(" *") >= 1  # the best casync configuration is marked
 
 
+def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_path, monkeypatch):
+    """``--compute-threads N``: each RayEngine of the measured rows and of the head to head runs N ops per actor
+    at once, and the rows are predicted with N compute lanes per actor."""
+    import casync.runtime.ray_engine as ray_engine
+
+    seen = []
+
+    class Recording(ray_engine.RayEngine):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("compute_threads", 1))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(ray_engine, "RayEngine", Recording)
+    code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", "ring", "--codecs", "onebit",
+                 "--baselines", "gloo-bucket", "--hooks", "none", "--no-sim", "--iters", "1", "--warmup", "0",
+                 "--head-to-head", "1", "--compute-threads", "2", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    assert seen == [2, 2]  # the grid's row, then the head to head's
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["grid"]["compute_threads"] == 2
+    (row,) = [r for r in data["rows"] if r["system"] == "casync"]
+    cluster = local_setup().cluster_model(2, compute_lanes=2)
+    assert cluster.compute_lanes == 2
+    plan = make_plan("tiny", 2, "ring", "onebit", ("onebit",), cluster)
+    assert row["predicted_s"] == pytest.approx(simulate(plan, cluster).sync_time())
+    one_lane = local_setup().cluster_model(2)
+    assert row["predicted_s"] != pytest.approx(simulate(make_plan("tiny", 2, "ring", "onebit", ("onebit",), one_lane),
+                                                        one_lane).sync_time())
+    assert "compute_lanes=2" in (tmp_path / "bench.md").read_text()
+
+
 def test_grid_rejects_bad_cells():
     with pytest.raises(ValueError, match="unknown strategy label"):
         Grid(strategies=("butterfly",))
@@ -177,6 +208,7 @@ def test_grid_rejects_bad_cells():
     (["--strategies", "butterfly"], "butterfly"),
     (["--models", "resnet51"], "resnet51"),
     (["--iters", "0"], "--iters"),
+    (["--compute-threads", "0"], "compute_threads"),
 ])
 def test_bad_arguments_exit_with_a_message(args, needle, capsys):
     assert main(["bench", "--no-progress"] + args) == 2
