@@ -250,7 +250,7 @@ def _rank_main(args: argparse.Namespace) -> None:
                                                     warm_start=True, random_seed=args.seed)
                 hook = powerSGD_hook.powerSGD_hook
             elif is_hook(variant):
-                state, hook = casync_hook(variant)
+                state, hook = casync_hook(variant, args.compute_threads)
             elif variant == NO_COMMUNICATION:
                 hook, payload = _no_communication, 0
             else:
@@ -312,8 +312,9 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Sequence[str], iters: int = 3,
                   warmup: int = WARMUP_SYNCS, seed: int = 0, check: bool = True,
-                  timeout_s: float = 900.0) -> dict[str, Any]:
+                  timeout_s: float = 900.0, compute_threads: int = 1) -> dict[str, Any]:
     """Run ``variants`` on ``workers`` gloo ranks; per variant: sync times (s), payload and wire bytes, checks.
+    ``compute_threads``: ops each rank of a DDP + casync hook variant runs at once (``CasyncState``'s).
 
     Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds
     ``timeout_s``; every rank process is ended either way.
@@ -341,7 +342,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
                                                "--world", str(workers), "--master", master, "--model", model,
                                                "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
                                                "--variants", ",".join(variants), "--result", str(result),
-                                               "--timeout", str(int(timeout_s))] + (["--check"] if check else [])
+                                               "--timeout", str(int(timeout_s)),
+                                               "--compute-threads", str(compute_threads)] + (["--check"] if check else [])
                 # CPU ranks: see the module docstring for why GPUs are hidden from them
                 env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **launcher.env(rank))
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -388,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", default=",".join(BASELINES))
     p.add_argument("--result", required=True)
     p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--compute-threads", type=int, default=1, help="ops a casync hook's rank runs at once")
     p.add_argument("--check", action="store_true", help="rank 0 compares its result with the exact mean")
     _rank_main(p.parse_args(argv))
     # Leave without interpreter teardown: torch's gloo/DDP helper threads sometimes abort the process while

@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transports", type=_list, default=None,
                    help="comma-separated RayEngine data planes the measured rows run on (direct, the default; tcp; gloo; objectstore); each row is labelled strategy@transport")
     p.add_argument("--compute-threads", type=int, default=None, metavar="N",
-                   help="ops each casync worker actor runs at once (RayEngine's compute_threads; default 1): more "
-                        "where every worker has cores of its own; the DDP hook rows run one")
+                   help="ops each casync worker (RayEngine's actors and the DDP hook's ranks) runs at once "
+                        "(compute_threads; default 1): more where every worker has cores of its own")
     p.add_argument("--codecs", type=_list, default=None, help=f"comma-separated codec specs (full: {','.join(FULL.codecs)})")
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")

@@ -98,8 +98,8 @@ class Grid:
     #: "DDP + casync hook" rows (``casync.bench.hooks``): ``("all",)`` = every measured strategy label except
     #: ``auto`` x every codec; or ``"label/codec"`` entries (``"ring/onebit"``); ``()`` none
     hooks: tuple[str, ...] = ("all",)
-    #: ops each RayEngine actor of the measured rows runs at once (``RayEngine(compute_threads=...)``); the
-    #: predictions of those rows simulate as many compute lanes per actor.  The hook rows run one.
+    #: ops each casync actor (RayEngine's, and each rank of a DDP + casync hook row) runs at once
+    #: (``compute_threads``); the predictions of the RayEngine rows simulate as many compute lanes per actor
     compute_threads: int = 1
 
     def __post_init__(self) -> None:

@@ -54,8 +54,9 @@ def hook_arguments(name: str) -> dict[str, Any]:
     return args
 
 
-def casync_hook(name: str) -> tuple[Any, Any]:
-    """Inside a rank: the ``CasyncState`` and the hook of the row (the replica check off: it is not sync time)."""
+def casync_hook(name: str, compute_threads: int = 1) -> tuple[Any, Any]:
+    """Inside a rank: the ``CasyncState`` and the hook of the row (the replica check off: it is not sync time),
+    running ``compute_threads`` ops at once."""
     import casync.torch as ct
 
-    return ct.CasyncState(check_every=0, **hook_arguments(name)), ct.comm_hook
+    return ct.CasyncState(check_every=0, compute_threads=compute_threads, **hook_arguments(name)), ct.comm_hook

@@ -208,7 +208,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
         # 1. baselines and the DDP hook rows: real gloo processes, before this process starts or joins Ray
         for model, workers in groups if torch_rows else []:
             bar.set_description(f"baselines {model} N={workers}")
-            rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say)
+            rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say, grid.compute_threads)
             bar.update(1)
 
         # 2. casync cells on RayEngine
@@ -252,10 +252,12 @@ BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-p
 
 
 def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...], iters: int, warmup: int,
-                   seed: int, say: Callable[[str], None]) -> list[Row]:
-    """One row per baseline of a (model, workers) group; on failure, rows carrying the error."""
+                   seed: int, say: Callable[[str], None], compute_threads: int = 1) -> list[Row]:
+    """One row per baseline of a (model, workers) group; on failure, rows carrying the error.
+    ``compute_threads``: ops each rank of a DDP + casync hook row runs at once."""
     try:
-        raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
+        raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed,
+                            compute_threads=compute_threads)
     except Exception as exc:  # recorded; the comparison goes on without them
         say(f"baselines on {model} N={workers} failed: {exc}")
         return [Row(model=model, workers=workers, system="hook" if is_hook(name) else "baseline", strategy=name,

@@ -153,7 +153,8 @@ def test_markdown_table_lists_every_row(bench_run):
 
 def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_path, monkeypatch):
     """``--compute-threads N``: each RayEngine of the measured rows and of the head to head runs N ops per actor
-    at once, and the rows are predicted with N compute lanes per actor."""
+    at once, the rows are predicted with N compute lanes per actor, and the DDP hook's ranks run N too."""
+    from casync.bench.hooks import casync_hook
     import casync.runtime.ray_engine as ray_engine
 
     seen = []
@@ -165,8 +166,8 @@ def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_p
 
     monkeypatch.setattr(ray_engine, "RayEngine", Recording)
     code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", "ring", "--codecs", "onebit",
-                 "--baselines", "gloo-bucket", "--hooks", "none", "--no-sim", "--iters", "1", "--warmup", "0",
-                 "--head-to-head", "1", "--compute-threads", "2", "--out", str(tmp_path), "--no-progress"])
+                 "--baselines", "gloo-bucket", "--hooks", "ring/onebit", "--no-sim", "--iters", "1", "--warmup",
+                 "0", "--head-to-head", "1", "--compute-threads", "2", "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     assert seen == [2, 2]  # the grid's row, then the head to head's
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -180,6 +181,9 @@ def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_p
     assert row["predicted_s"] != pytest.approx(simulate(make_plan("tiny", 2, "ring", "onebit", ("onebit",), one_lane),
                                                         one_lane).sync_time())
     assert "compute_lanes=2" in (tmp_path / "bench.md").read_text()
+    (hook,) = [r for r in data["rows"] if r["system"] == "hook"]
+    assert hook["error"] is None and hook["consistent"] is True  # its ranks took --compute-threads 2
+    assert casync_hook("ddp-casync:ring:onebit", 2)[0].compute_threads == 2
 
 
 def test_grid_rejects_bad_cells():
