@@ -89,7 +89,7 @@ class TrainEngine:
                                  layouts(self.plan), self.plan.nonfinite)
             else:
                 self.group.start(name, server_cls, index, cpus[index], name, mine, self.codecs, self.plan.seed,
-                                 partitions, self.options.timeout_s)
+                                 partitions, self.options.timeout_s, self.options.compute_threads)
         self.get([a.ready.remote() for a in self.actors.values()], "starting the workers (model_fn, data_fn)")
         plans = [(self.plan, 0)] + ([(self.full_plan, SECOND_PLAN_TRANSFERS)] if self.full_plan else [])
         self.interfaces = form_group(self.actors, plans, self.options.transport, {}, self.get)

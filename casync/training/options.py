@@ -47,6 +47,8 @@ class TrainOptions:
     * ``transport``: the data plane between the actors, ``"direct"`` (shared memory on a node, gloo between
       nodes), ``"tcp"`` (shared memory on a node, TCP sockets between nodes) or ``"gloo"`` (gloo everywhere);
       see ``casync.runtime.ray_engine``.
+    * ``compute_threads``: sync ops each actor runs at once (``RayEngine``'s meaning): more where every worker
+      has cores of its own; on a machine whose cores the workers already fill, 1.
     """
 
     seed: int = 0
@@ -63,6 +65,7 @@ class TrainOptions:
     cpus_per_worker: float = 1.0
     placement: str = "spread"
     transport: str = "direct"
+    compute_threads: int = 1
 
     def __post_init__(self) -> None:
         _int("seed", self.seed, 0)
@@ -84,6 +87,7 @@ class TrainOptions:
         _int("check_every", self.check_every, 1)
         _real("timeout_s", self.timeout_s, 1e-3, float("inf"))
         _int("torch_threads", self.torch_threads, 1)
+        _int("compute_threads", self.compute_threads, 1)
         _real("cpus_per_worker", self.cpus_per_worker, 0.0, float("inf"))
         if self.placement not in ("spread", "pack"):
             raise ValueError(f"placement must be 'spread' or 'pack', got {self.placement!r}")

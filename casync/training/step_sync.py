@@ -56,7 +56,7 @@ class StepSyncActor(DataPlaneMember):
     """Runs one actor's share of every step's sync (a PS server of a Trainer uses it as is)."""
 
     def __init__(self, name: str, shares: dict[bool, ActorShare], codecs: dict[str, Codec], plan_seed: int,
-                 partitions: dict[str, list[tuple[int, int]]], timeout_s: float):
+                 partitions: dict[str, list[tuple[int, int]]], timeout_s: float, compute_threads: int = 1):
         keep_freed_memory()  # before any thread of ours allocates: each step's buffers reuse the last step's pages
         self.name = name
         self.timeout_s = timeout_s
@@ -65,6 +65,7 @@ class StepSyncActor(DataPlaneMember):
         self._plan_seed = plan_seed
         self._partitions = partitions
         self._timeout_s = timeout_s
+        self._compute_threads = compute_threads
         self._executors: dict[bool, RankExecutor] = {}
         self.residuals: dict[str, np.ndarray] = {}
         self._previous: tuple[int, dict[str, np.ndarray]] | None = None  # (step, residuals before it)
@@ -83,7 +84,8 @@ class StepSyncActor(DataPlaneMember):
     def _on_channel(self, channel: Any) -> None:
         """Build an executor per plan (the compressed one, and the full-precision one if any) and start syncing."""
         self._executors = {full: RankExecutor(share, self._codecs, self._plan_seed, self._partitions, channel,
-                                              self._timeout_s) for full, share in self._shares.items()}
+                                              self._timeout_s, compute_threads=self._compute_threads)
+                           for full, share in self._shares.items()}
         self._thread.start()
 
     def start_at(self, step: int) -> None:

@@ -119,7 +119,7 @@ class Trainer:
                  delayed_update: bool = False, full_sync_every: int | None = None, check_every: int = 10,
                  timeout_s: float = 120.0, torch_threads: int = 1, deterministic: bool = True,
                  cpus_per_worker: float = 1.0, placement: str = "spread", transport: str = "direct",
-                 progress: bool = True, **plan_options: Any):
+                 compute_threads: int = 1, progress: bool = True, **plan_options: Any):
         for label, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn), ("loss_fn", loss_fn),
                           ("data_fn", data_fn)):
             if not callable(fn):
@@ -129,7 +129,7 @@ class Trainer:
             warmup_steps=warmup_steps, warmup_start_ratio=warmup_start_ratio, delayed_update=delayed_update,
             full_sync_every=full_sync_every, check_every=check_every, timeout_s=timeout_s,
             torch_threads=torch_threads, deterministic=deterministic, cpus_per_worker=cpus_per_worker,
-            placement=placement, transport=transport)
+            placement=placement, transport=transport, compute_threads=compute_threads)
         self.progress = bool(progress)
         self._fns = (model_fn, optimizer_fn, loss_fn, data_fn)
         plan_options = dict(plan_options)

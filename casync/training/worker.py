@@ -38,7 +38,7 @@ class TrainWorker(StepSyncActor):
                  plan_seed: int, partitions: dict[str, list[tuple[int, int]]], layout: Layout,
                  fns: tuple[Callable, Callable, Callable, Callable], options: TrainOptions,
                  warmup: dict[str, Codec], layouts: list[BucketLayout] = (), nonfinite: str = "raise"):
-        super().__init__(name, shares, codecs, plan_seed, partitions, options.timeout_s)
+        super().__init__(name, shares, codecs, plan_seed, partitions, options.timeout_s, options.compute_threads)
         self.rank, self.world_size, self.options = rank, world_size, options
         self._rank, self._layouts, self.nonfinite = rank, {lay.name: lay for lay in layouts}, nonfinite
         self._warmup = warmup

@@ -396,6 +396,21 @@ def SMALL_INIT_MODEL():
 
 
 # -- errors ------------------------------------------------------------------------------------------------
+def test_compute_threads_reach_every_executor_and_change_no_bit(ray_local):
+    """Two sync ops at once per actor, on the workers and on a PS server, change when ops run, not the parameters."""
+    runs = []
+    for threads in (1, 2):
+        with small_trainer(strategy="ps", servers=1, bucket_bytes=1 << 10, compute_threads=threads) as trainer:
+            assert len(trainer.plan.buckets) >= 3  # ops of several buckets can be ready at once
+            trainer.fit(steps=3)
+            actors = trainer._engine.actors
+            seen = ray.get([a.__ray_call__.remote(lambda self: {e.compute_threads for e in self._executors.values()})
+                            for a in actors.values()])
+            assert seen == [{threads}] * len(actors) and "server:0" in actors
+            runs.append(params_of(trainer))
+    assert_same_params(*runs)
+
+
 def test_bad_functions_and_option_conflicts_raise_before_starting_workers():
     with pytest.raises(TypeError, match="model_fn must return a torch.nn.Module"):
         casync.Trainer(lambda: "model", SGD(), cross_entropy, DigitsData(), workers=2)
@@ -413,6 +428,8 @@ def test_bad_functions_and_option_conflicts_raise_before_starting_workers():
                        momentum_masking=True, delayed_update=True)
     with pytest.raises(ValueError, match="check_every"):
         casync.Trainer(SMALL, SGD(), cross_entropy, DigitsData(), workers=2, check_every=0)
+    with pytest.raises(ValueError, match="compute_threads"):
+        casync.Trainer(SMALL, SGD(), cross_entropy, DigitsData(), workers=2, compute_threads=0)
     with pytest.raises(TypeError, match="unexpected keyword"):
         casync.Trainer(SMALL, SGD(), cross_entropy, DigitsData(), workers=2, bucket_size=3)
 
@@ -480,13 +497,14 @@ def test_cli_train_end_to_end(ray_local, tmp_path, capsys):
 
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     assert main(["train", "--model", "mlp", "--workers", "2", "--codec", "onebit", "--strategy", "ring", "--steps",
-                 "3", "--out", str(out), "--checkpoint", str(ckpt), "--no-progress"]) == 0
+                 "3", "--out", str(out), "--checkpoint", str(ckpt), "--no-progress", "--compute-threads", "2"]) == 0
     text = capsys.readouterr().out
     assert "trained 3 steps (to step 3) on 2 workers: held-out accuracy" in text and "hidden behind backward" in text
     assert "of CPU per worker and step" in text
     assert len(History.from_json(out / "history.json")) == 3 and (out / "history.csv").is_file()
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert read_checkpoint(ckpt).step == 3
+    assert read_checkpoint(ckpt).config["options"]["compute_threads"] == 2  # a resumed run keeps it
     assert main(["train", "--model", "nope", "--steps", "1"]) == 2
     assert "unknown digits model 'nope'" in capsys.readouterr().err
 
