@@ -106,6 +106,9 @@ class Grid:
         from ..engines.executor import check_compute_threads
 
         check_compute_threads(self.compute_threads, "Grid")
+        if self.compute_threads > 1 and "objectstore" in self.transports:
+            raise ValueError("compute_threads > 1 needs a direct data plane; the objectstore transport runs one Ray "
+                             "task at a time per actor (measure it in a run of its own)")
         labels = strategy_labels()
         for s in self.strategies:
             if s not in labels:

@@ -76,14 +76,15 @@ class RayEngine(EngineBase):
     docstring);
     ``transport_options``: ``{"port": int, "ifname": str}`` for the process group's rendezvous port on the
     first worker's node and the network interface (default: the one holding the Ray node's address).
-    ``compute_threads``: ops each actor runs at once on the direct plane (default 1); give more where an actor
-    has cores of its own (one actor per node or per GPU), e.g. with ``num_cpus_per_actor`` to match.
+    ``compute_threads``: ops each actor runs at once on the direct plane; give more where an actor has cores of
+    its own (one actor per node or per GPU).  By default one per whole CPU the actor reserves
+    (``num_cpus_per_actor``, at least 1), as Ray sizes an actor's ``OMP_NUM_THREADS``; without a reservation, 1.
     """
 
     def __init__(self, plan: SyncPlan, address: str | None = None, timeout_s: float = 60.0,
                  placement: str = "spread", num_cpus_per_actor: float | None = None,
                  transport: str = DEFAULT_TRANSPORT, transport_options: dict[str, Any] | None = None,
-                 compute_threads: int = 1):
+                 compute_threads: int | None = None):
         if not isinstance(plan, SyncPlan):
             raise TypeError(f"RayEngine needs a SyncPlan, got {type(plan).__name__}")
         plan.require_executable("RayEngine")
@@ -95,6 +96,9 @@ class RayEngine(EngineBase):
             raise ValueError(f"num_cpus_per_actor must be None or a finite positive number, got {num_cpus_per_actor!r}")
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+        if compute_threads is None:
+            compute_threads = 1 if num_cpus_per_actor is None or transport == "objectstore" else \
+                max(1, int(num_cpus_per_actor))
         check_compute_threads(compute_threads)
         if compute_threads > 1 and transport == "objectstore":
             raise ValueError("compute_threads > 1 needs a direct data plane (transport 'direct', 'gloo' or 'nccl'); "

@@ -203,6 +203,8 @@ def test_grid_rejects_bad_cells():
         Grid(hooks=("ring",))
     with pytest.raises(ValueError, match="sevenbit"):
         Grid(hooks=("ring/sevenbit",))
+    with pytest.raises(ValueError, match="objectstore"):
+        Grid(transports=("direct", "objectstore"), compute_threads=2)
     assert Grid(strategies=("ring", "auto"), codecs=("none", "onebit")).hook_variants() == [
         "ddp-casync:ring:none", "ddp-casync:ring:onebit"]
 

@@ -126,6 +126,22 @@ def test_actors_of_an_fp16_plan_cast_through_torch_on_one_thread(ray_local):
     assert all(np.array_equal(got[w][name], want[w][name]) for w in range(2) for name in want[w])
 
 
+def test_compute_threads_follow_the_cpus_each_actor_reserves(ray_local):
+    """By default an actor runs one op per whole CPU it reserves (Ray's own rule for OMP_NUM_THREADS)."""
+    plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit")
+
+    def threads_of(engine):
+        return ray.get([a.__ray_call__.remote(lambda self: self.compute_threads) for a in engine.actors.values()])
+
+    with RayEngine(plan, timeout_s=60, num_cpus_per_actor=2) as engine:
+        assert engine.compute_threads == 2 and threads_of(engine) == [2, 2]
+    with RayEngine(plan, timeout_s=60, num_cpus_per_actor=2, compute_threads=1) as engine:
+        assert threads_of(engine) == [1, 1]  # an explicit count wins
+    for cpus, transport in ((None, "direct"), (0.5, "direct"), (2, "objectstore")):
+        with RayEngine(plan, timeout_s=60, num_cpus_per_actor=cpus, transport=transport) as engine:
+            assert engine.compute_threads == 1, (cpus, transport)
+
+
 def test_compute_threads_are_checked(ray_local):
     plan = casync.build_plan(SHAPES, workers=2, strategy="ring", codec="onebit")
     for bad in (0, 2.0, True):
