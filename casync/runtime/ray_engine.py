@@ -96,9 +96,9 @@ class RayEngine(EngineBase):
             raise ValueError(f"num_cpus_per_actor must be None or a finite positive number, got {num_cpus_per_actor!r}")
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
-        if compute_threads is None:
-            compute_threads = 1 if num_cpus_per_actor is None or transport == "objectstore" else \
-                max(1, int(num_cpus_per_actor))
+        if compute_threads is None:  # one per whole CPU reserved, as Ray sizes an actor's OMP_NUM_THREADS
+            reserved = 0 if num_cpus_per_actor is None or transport == "objectstore" else int(num_cpus_per_actor)
+            compute_threads = max(1, reserved)
         check_compute_threads(compute_threads)
         if compute_threads > 1 and transport == "objectstore":
             raise ValueError("compute_threads > 1 needs a direct data plane (transport 'direct', 'gloo' or 'nccl'); "
