@@ -6,6 +6,8 @@ their float32 values unscaled: the dropped mass is what error feedback carries.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -240,13 +242,64 @@ class TopKCodec(_SparseCodec):
 # -- random-k ------------------------------------------------------------------
 
 
+#: Bytes of index arrays :func:`random_indices` keeps for reuse in a process (least recently used dropped first).
+INDEX_CACHE_BYTES = 32 << 20
+
+
+class _IndexCache:
+    """The index arrays of the last (n, k, seed) drawn, read-only.  One sync draws each partition's indices several
+    times in an actor (its encode, the merges of its peers' payloads at a server, the decodes): about half the
+    draws of a ResNet-50 two-way PS sync repeat one already made (about 0.3 ms each for 1.6M floats here)."""
+
+    def __init__(self) -> None:
+        self._arrays: OrderedDict[tuple[int, int, int], np.ndarray] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int, int]) -> np.ndarray | None:
+        with self._lock:
+            hit = self._arrays.get(key)
+            if hit is not None:
+                self._arrays.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[int, int, int], indices: np.ndarray) -> None:
+        indices.flags.writeable = False  # shared by every caller from now on
+        with self._lock:
+            if key in self._arrays or indices.nbytes > INDEX_CACHE_BYTES:
+                return
+            self._arrays[key] = indices
+            self._bytes += indices.nbytes
+            while self._bytes > INDEX_CACHE_BYTES:
+                self._bytes -= self._arrays.popitem(last=False)[1].nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._arrays.clear()
+            self._bytes = 0
+
+
+_index_cache = _IndexCache()
+
+
 def random_indices(n: int, k: int, seed: int) -> np.ndarray:
-    """``k`` distinct indices in ``[0, n)``, ascending, a uniform random subset fixed by ``seed``.
+    """``k`` distinct indices in ``[0, n)``, ascending, a uniform random subset fixed by ``seed`` (read-only: the
+    array may be handed to later calls with the same arguments).
 
     Sparse draws take the distinct values of i.i.d. uniform draws, topping up
     until there are ``k`` (the first k distinct values of an i.i.d. sequence form
     a uniform k-subset); dense ones sort a prefix of a permutation.
     """
+    key = (int(n), int(k), int(seed))
+    indices = _index_cache.get(key)
+    if indices is None:
+        indices = _draw_indices(n, k, seed)
+        _index_cache.put(key, indices)
+    return indices
+
+
+def _draw_indices(n: int, k: int, seed: int) -> np.ndarray:
+    """What :func:`random_indices` returns, drawn afresh."""
     dtype = index_dtype(n)
     if k <= 0:
         return np.zeros(0, dtype)

@@ -547,6 +547,23 @@ def test_draws_are_sorted_like_np_sort_on_both_paths(size, dtype):
     np.testing.assert_array_equal(sparse._sorted_unique(draws.copy()), np.unique(draws))
 
 
+def test_random_indices_are_drawn_once_shared_read_only_and_bounded(monkeypatch):
+    """An actor draws a partition's indices for its encode, its merges and its decodes: the later calls get the
+    first call's array, which nobody can change; the cache keeps at most INDEX_CACHE_BYTES, least recent out."""
+    monkeypatch.setattr(sparse, "_index_cache", sparse._IndexCache())
+    n, k = 100_000, 1000
+    a = sparse.random_indices(n, k, seed=11)
+    assert sparse.random_indices(n, k, seed=11) is a
+    np.testing.assert_array_equal(a, sparse._draw_indices(n, k, 11))
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1
+    monkeypatch.setattr(sparse, "INDEX_CACHE_BYTES", 2 * a.nbytes)  # room for two
+    b, c = sparse.random_indices(n, k, seed=12), sparse.random_indices(n, k, seed=13)  # a is the least recent
+    assert sparse.random_indices(n, k, seed=12) is b and sparse.random_indices(n, k, seed=13) is c
+    again = sparse.random_indices(n, k, seed=11)
+    assert again is not a and np.array_equal(again, a)  # drawn afresh, the same indices
+
+
 @pytest.mark.parametrize("n,k", [(20, 4), (20, 12)])  # the sparse and the dense draw
 def test_random_indices_are_uniform(n, k):
     trials = 3000
