@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from primitives.codecs import available_codecs, get_codec
+from primitives.codecs.sparse import forget_random_indices
 from primitives.ops import run_encode
 
 from .costmodel import LinearCost, Profile
@@ -112,7 +113,12 @@ def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
     rng = np.random.default_rng(0)
     sizes = list(sizes)
     data = {n: rng.standard_normal(n, dtype=np.float32) for n in sizes}
-    cold = CacheFlusher().flush
+    flush = CacheFlusher().flush
+
+    def cold() -> None:  # caches cold, and randomk's indices drawn afresh in every timed call
+        flush()
+        forget_random_indices()
+
     out: dict[str, dict[str, LinearCost]] = {}
     for spec in tqdm(list(codecs), desc="codecs", disable=not progress):
         codec = get_codec(spec)

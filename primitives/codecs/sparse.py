@@ -282,6 +282,12 @@ class _IndexCache:
 _index_cache = _IndexCache()
 
 
+def forget_random_indices() -> None:
+    """Drop every index array :func:`random_indices` keeps, so that the next calls draw afresh (the profiler
+    times draws, as an actor's first use of a seed makes them)."""
+    _index_cache.clear()
+
+
 def random_indices(n: int, k: int, seed: int) -> np.ndarray:
     """``k`` distinct indices in ``[0, n)``, ascending, a uniform random subset fixed by ``seed`` (read-only: the
     array may be handed to later calls with the same arguments).

@@ -53,6 +53,18 @@ def test_fit_linear_recovers_a_line_and_profiling_runs():
     assert set(sparse["topk(ratio=0.1)"]) == {"encode", "encode_ef", "decode", "entries"}
 
 
+def test_profiled_randomk_ops_draw_their_indices_afresh(monkeypatch):
+    """randomk keeps the indices it drew for a seed; the profile still times the draw in every timed call, as an
+    actor's first use of a seed pays it."""
+    import primitives.codecs.sparse as sparse
+
+    draws = []
+    real = sparse._draw_indices
+    monkeypatch.setattr(sparse, "_draw_indices", lambda n, k, seed: draws.append(n) or real(n, k, seed))
+    profile_codecs(["randomk:ratio=0.1"], sizes=[2**12], repeat=2)
+    assert len(draws) >= 8  # 2 timed calls each of encode, encode_ef, decode and entries
+
+
 def test_profiled_ops_are_timed_cold_and_fault_in_no_fresh_memory():
     """The profile prices an op as a sync runs it: every timed call after a cache flush that is not timed, and
     error feedback writing each new residual where the one of two steps back was (no fresh pages)."""
