@@ -158,14 +158,15 @@ def cmd_train(args: argparse.Namespace) -> int:
            DigitsData(batch_size=args.batch_size, seed=args.seed))
     progress = not args.no_progress
     if args.resume:
-        trainer = Trainer.load(args.resume, *fns, address=args.address, progress=progress)
+        runtime = {} if args.compute_threads is None else {"compute_threads": args.compute_threads}  # not in results
+        trainer = Trainer.load(args.resume, *fns, address=args.address, progress=progress, **runtime)
     else:
         extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
         trainer = Trainer(*fns, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
                           address=args.address, seed=args.seed, error_feedback=False if args.no_error_feedback else "auto",
                           momentum_correction=args.momentum_correction, delayed_update=args.delayed_update,
                           full_sync_every=args.full_sync_every, warmup_steps=args.warmup_steps, progress=progress,
-                          compute_threads=args.compute_threads, **extra)
+                          compute_threads=1 if args.compute_threads is None else args.compute_threads, **extra)
     with trainer:
         steps = 100 if args.steps is None and args.epochs is None else args.steps
         history = trainer.fit(steps=steps, epochs=args.epochs)
@@ -301,8 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--full-sync-every", type=int, default=None, help="an uncompressed sync every k steps")
     t.add_argument("--no-error-feedback", action="store_true")
     t.add_argument("--bucket-bytes", type=int, default=None)
-    t.add_argument("--compute-threads", type=int, default=1,
-                   help="sync ops each worker runs at once: more where every worker has cores of its own")
+    t.add_argument("--compute-threads", type=int, default=None,
+                   help="sync ops each worker runs at once: more where every worker has cores of its own (default 1; "
+                        "with --resume, the checkpoint's unless given)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--address", default=None, help="Ray cluster address; default: embedded local Ray")
     t.add_argument("--out", default=None, help="directory for history.csv/json and timeline.png")

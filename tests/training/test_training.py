@@ -504,9 +504,15 @@ def test_cli_train_end_to_end(ray_local, tmp_path, capsys):
     assert len(History.from_json(out / "history.json")) == 3 and (out / "history.csv").is_file()
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     assert read_checkpoint(ckpt).step == 3
-    assert read_checkpoint(ckpt).config["options"]["compute_threads"] == 2  # a resumed run keeps it
+    assert read_checkpoint(ckpt).config["options"]["compute_threads"] == 2
+    again = tmp_path / "again"  # a resumed run keeps the checkpoint's settings, but threads change no result
+    assert main(["train", "--resume", str(ckpt), "--steps", "1", "--checkpoint", str(again), "--no-progress",
+                 "--compute-threads", "1"]) == 0
+    assert read_checkpoint(again).step == 4 and read_checkpoint(again).config["options"]["compute_threads"] == 1
     assert main(["train", "--model", "nope", "--steps", "1"]) == 2
     assert "unknown digits model 'nope'" in capsys.readouterr().err
+    assert main(["train", "--steps", "1", "--compute-threads", "0", "--no-progress"]) == 2
+    assert "compute_threads must be >= 1" in capsys.readouterr().err
 
 
 def _one_shot_data(rank, world_size):
