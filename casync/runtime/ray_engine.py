@@ -101,7 +101,7 @@ class RayEngine(EngineBase):
             compute_threads = max(1, reserved)
         check_compute_threads(compute_threads)
         if compute_threads > 1 and transport == "objectstore":
-            raise ValueError("compute_threads > 1 needs a direct data plane (transport 'direct', 'gloo' or 'nccl'); "
+            raise ValueError("compute_threads > 1 needs a direct data plane (transport 'direct', 'tcp', 'gloo' or 'nccl'); "
                              "the object-store transport runs one Ray task at a time per actor")
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
