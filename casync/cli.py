@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -67,6 +68,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError("--netem and --calibration-workers only say how --calibrate-ray runs; add --calibrate-ray")
     if args.calibration_workers is not None and args.calibration_workers < 2:
         raise ValueError(f"--calibration-workers must be at least 2 (the plans must send), got {args.calibration_workers}")
+    out = Path(args.out)  # an unusable --out fails now, not after minutes of measuring
+    if out.is_dir():
+        raise ValueError(f"--out {args.out} is a directory; give the file to write (e.g. {out / 'profile.json'})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"--out {args.out}: cannot write into {out.parent}")
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     transfer = None
     # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
@@ -132,11 +139,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if info:
         print(f"planner: {info['chosen']}; estimated {info['estimated_s'] * 1e3:.1f} ms, "
               f"{info['simulations']} simulations, {info['seconds']:.2f} s")
-    on_path = set(timeline.critical_path)
-    compute_s = sum(r["end"] - r["start"] for r in timeline.records
-                    if r["node"] in on_path and r["op"] in ("encode", "decode", "merge"))
-    transfer_s = sum(r["end"] - r["start"] for r in timeline.records if r["node"] in on_path and r["op"] == "send")
-    print(f"cluster: {cluster.nodes} nodes x {cluster.workers_per_node} workers, {args.bandwidth:g} Gbps, "
+    path_s = timeline.critical_path_seconds()
+    compute_s, transfer_s = path_s["compute"], path_s["transfer"]
+    shape = (f"{cluster.nodes} nodes x {cluster.workers_per_node} workers" if cluster.nodes * cluster.workers_per_node
+             == args.workers else f"{args.workers} workers on {cluster.nodes} nodes, up to {cluster.workers_per_node} a node")
+    print(f"cluster: {shape}, {args.bandwidth:g} Gbps, "
           f"{args.latency_us:g} us" + (f"; backward pass {args.backward_ms:g} ms" if ready else ""))
     print(f"simulated iteration time: {timeline.iteration_time * 1e3:.1f} ms")
     print(f"critical path: {len(timeline.critical_path)} ops ({compute_s * 1e3:.1f} ms compute, "
@@ -154,6 +161,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .engines.executor import WARMUP_SYNCS
     from .training import Trainer
 
+    for flag, value in (("--steps", args.steps), ("--epochs", args.epochs)):
+        if value is not None and value < 0:  # refused before Ray starts (Trainer.fit would, once it has)
+            raise ValueError(f"{flag} must be >= 0, got {value}")
     fns = (DigitsMLP.named(args.model), SGD(lr=args.lr, momentum=args.momentum), cross_entropy,
            DigitsData(batch_size=args.batch_size, seed=args.seed))
     progress = not args.no_progress
@@ -174,12 +184,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         skip = min(WARMUP_SYNCS, max(len(history) - 1, 0))  # the first steps fault in buffers and warm Ray up
         print(trainer.plan.summary())
         print(f"trained {len(history)} steps (to step {trainer.step}) on {trainer.workers} workers: "
-              f"held-out accuracy {acc:.4f}, final loss {history.mean('loss', max(0, len(history) - 10)):.4f}")
-        print(f"time per step {history.mean('step_s', skip) * 1e3:.1f} ms (compute {history.mean('compute_s', skip) * 1e3:.1f} ms, "
-              f"sync {history.mean('sync_s', skip) * 1e3:.1f} ms, {history.mean('hidden_fraction', skip):.0%} of it "
-              f"hidden behind backward); {history.mean('bytes_sent') / 2**20:.2f} MiB sent per step, "
-              f"compression {history.mean('compression_ratio'):.1f}x")
-        print(f"the sync's ops took {history.mean('sync_cpu_s', skip) * 1e3:.1f} ms of CPU per worker and step")
+              f"held-out accuracy {acc:.4f}" + (f", final loss {history.mean('loss', max(0, len(history) - 10)):.4f}"
+                                                if len(history) else ""))
+        if len(history):  # no steps (--steps 0): no per-step means to print (they would all be nan)
+            print(f"time per step {history.mean('step_s', skip) * 1e3:.1f} ms (compute {history.mean('compute_s', skip) * 1e3:.1f} ms, "
+                  f"sync {history.mean('sync_s', skip) * 1e3:.1f} ms, {history.mean('hidden_fraction', skip):.0%} of it "
+                  f"hidden behind backward); {history.mean('bytes_sent') / 2**20:.2f} MiB sent per step, "
+                  f"compression {history.mean('compression_ratio'):.1f}x")
+            print(f"the sync's ops took {history.mean('sync_cpu_s', skip) * 1e3:.1f} ms of CPU per worker and step")
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)

@@ -100,7 +100,16 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
         raise ValueError(f"--iters must be >= 1, --warmup and --head-to-head >= 0, got {args.iters}, "
                          f"{args.warmup} and {args.head_to_head}")
     grid = grid_from_args(args)
+    if not grid.cells() and not (grid.models and grid.workers and (grid.baselines or grid.hook_variants())) and (
+            args.no_sim or not grid.sim_cells()):
+        raise ValueError("nothing to run: the --models/--workers/--strategies/--codecs/--baselines/--hooks and "
+                         "--sim-* lists given leave no configuration (an empty list?)")
     profile = Profile.load(args.profile) if args.profile else None
+    if args.out:  # an unusable --out fails now, not after the whole grid has run (hours for the full one)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(f"--out {args.out}: directory is not writable")
     setup = netem_setup(args.netem) if args.netem else local_setup(args.address)
     if setup.kind == "local" and setup.ray_address is not None and (grid.baselines or grid.hook_variants()):
         raise SystemExit(f"{prog}: the gloo/DDP baselines start their ranks on this machine, so against a Ray cluster "
@@ -139,6 +148,6 @@ def main(argv: list[str] | None = None, prog: str = "compare_strategies.py") -> 
     args.argv = sys.argv[1:] if argv is None else argv
     try:
         return run(args, prog)
-    except (ValueError, TypeError) as exc:  # bad input: one line, as `casync bench` prints it
+    except (ValueError, TypeError, OSError) as exc:  # bad input, an unusable --out: one line, as `casync bench`
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ A strategy label names a way to call :func:`casync.build_plan`; ``auto`` hands s
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,6 +122,9 @@ class Grid:
         for w in tuple(self.workers) + tuple(self.sim_workers):
             if isinstance(w, bool) or not isinstance(w, int) or w < 2:
                 raise ValueError(f"worker counts must be ints >= 2, got {w!r}")
+        for bw in self.sim_bandwidths_gbps:  # checked here, not after the measured grid has run for minutes
+            if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not math.isfinite(bw) or bw <= 0:
+                raise ValueError(f"simulated bandwidths must be finite numbers of Gbps > 0, got {bw!r}")
         from ..plan.models import model_names
 
         known = set(model_names())

@@ -83,6 +83,9 @@ def build_plan(
         raise ValueError(f"servers={servers} only applies to a strategy with servers (ps), not {strategy!r}")
     partitions = check_partitions(partitions)
     check_bool("two_way", two_way)
+    if not two_way and not strategy_obj.takes_servers:
+        raise ValueError(f"two_way=False only applies to a strategy with servers (ps: the servers send the aggregate "
+                         f"back uncompressed), not {strategy!r}")
     feedback.check(error_feedback)
     check_op(op)
     bucket_bytes = check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)

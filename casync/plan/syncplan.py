@@ -175,7 +175,9 @@ class SyncPlan:
         return explain(self, name)
 
     def table(self, bucket: str | None = None) -> str:
-        """Every node as a row (like ``torch.fx.Graph.print_tabular``), in execution order."""
+        """Every node as a row (like ``torch.fx.Graph.print_tabular``), in execution order; ``bucket``: only
+        that bucket's, or the bucket of the tensor it names (``KeyError`` for a name the plan does not hold)."""
+        bucket = self.bucket_name(bucket)
         rows = []
         for node in self.topological_order():
             a = self.graph.nodes[node]

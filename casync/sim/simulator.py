@@ -50,6 +50,31 @@ class Timeline:
             return 0.0
         return max(r["end"] for r in self.records) - min(r["start"] for r in self.records)
 
+    def critical_path_seconds(self) -> dict[str, float]:
+        """Seconds of the critical path spent in compute ops (encode/decode/merge) and in transfers (a send's
+        copy, its wire time and the link's latency up to its recv), without counting any instant twice: a path
+        step is the time from where the path had got to until its op ended or the next step began (an op that
+        waited for a lane a send held starts once the send's copy is done, while the send's bytes are still on
+        the wire).  The two add up to at most ``iteration_time``; the rest is waiting (gradients not ready)."""
+        spans: dict[str, tuple[float, float, str]] = {}
+        for r in self.records:
+            kind = "transfer" if r["op"] in ("send", "wire", "recv") else "compute" if r["op"] in (
+                "encode", "decode", "merge") else "other"
+            old = spans.get(r["node"])
+            spans[r["node"]] = (r["start"], r["end"], kind) if old is None else (
+                min(old[0], r["start"]), max(old[1], r["end"]), kind if old[2] == "other" else old[2])
+        path = [spans[n] for n in self.critical_path if n in spans]
+        out = {"compute": 0.0, "transfer": 0.0}
+        reached = 0.0
+        for i, (start, end, kind) in enumerate(path):
+            if i + 1 < len(path):
+                end = min(end, max(path[i + 1][0], start))
+            begin = max(start, reached)
+            if end > begin and kind in out:
+                out[kind] += end - begin
+            reached = max(reached, end)
+        return out
+
     def draw(self, path: str, title: str = "") -> str:
         """Gantt chart PNG, one lane per actor (the same drawing as the Ray engine's measured timeline)."""
         from ..drawing import draw_gantt

@@ -205,6 +205,9 @@ def test_grid_rejects_bad_cells():
         Grid(hooks=("ring/sevenbit",))
     with pytest.raises(ValueError, match="objectstore"):
         Grid(transports=("direct", "objectstore"), compute_threads=2)
+    for bw in (0.0, -10.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="bandwidths"):
+            Grid(sim_bandwidths_gbps=(10.0, bw))
     assert Grid(strategies=("ring", "auto"), codecs=("none", "onebit")).hook_variants() == [
         "ddp-casync:ring:none", "ddp-casync:ring:onebit"]
 
@@ -215,6 +218,10 @@ def test_grid_rejects_bad_cells():
     (["--models", "resnet51"], "resnet51"),
     (["--iters", "0"], "--iters"),
     (["--compute-threads", "0"], "compute_threads"),
+    (["--sim-bandwidths", "10,0"], "bandwidths"),  # was refused only after the measured grid had run
+    (["--sim-bandwidths", "-1"], "bandwidths"),
+    (["--models", ",", "--baselines", "none"], "nothing to run"),  # was: exit 0 having run nothing
+    (["--strategies", "", "--baselines", "none", "--hooks", "none", "--no-sim"], "nothing to run"),
 ])
 def test_bad_arguments_exit_with_a_message(args, needle, capsys):
     assert main(["bench", "--no-progress"] + args) == 2
@@ -237,3 +244,17 @@ def test_setups_describe_their_cluster(tmp_path):
     env.write_text("nodes=4\n")
     with pytest.raises(ValueError, match="missing rate"):
         netem_setup(env)
+
+
+def test_an_unusable_out_fails_before_anything_runs(tmp_path, capsys):
+    """--out naming a file was only refused when the report was written, after the whole grid had run."""
+    import time
+
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    started = time.monotonic()
+    assert main(["bench", "--no-progress", "--models", "tiny", "--workers", "2", "--strategies", "ring",
+                 "--codecs", "none", "--baselines", "none", "--hooks", "none", "--no-sim", "--out", str(taken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("casync: error:") and "a_file" in err[0]
+    assert time.monotonic() - started < 5

@@ -61,6 +61,8 @@ BUILD_CASES = [
     ("huge partitions", dict(tensors="resnet50", partitions=65536), ValueError, "would have about 8,519,680 ops"),
     ("huge cluster", dict(tensors="tiny", workers=5000, strategy="allgather"), ValueError, "compact=True"),
     ("two_way str", dict(two_way="yes"), TypeError, "two_way must be True or False"),
+    ("one-way ring", dict(strategy="ring", two_way=False), ValueError, r"two_way=False only applies to .* not 'ring'"),
+    ("one-way allgather", dict(strategy="allgather", two_way=False), ValueError, "two_way=False only applies"),
     ("error_feedback int", dict(error_feedback=1), TypeError, "error_feedback must be 'auto', True or False"),
     ("op max", dict(op="max"), ValueError, "op must be 'mean' or 'sum'"),
     ("bucket_bytes -1", dict(bucket_bytes=-1), ValueError, "bucket_bytes must be >= 0"),

@@ -156,3 +156,14 @@ def test_bad_options_raise_clear_errors(options, exc, match):
 def test_bad_tensor_inputs(tensors, exc, match):
     with pytest.raises(exc, match=match):
         casync.build_plan(tensors)
+
+
+def test_table_of_a_tensor_fused_into_a_bucket_shows_that_bucket():
+    """README: ``plan.table("fc.weight")`` prints every op of the bucket fc.weight went into (was: empty)."""
+    plan = casync.build_plan("resnet50", workers=2, strategy="ring", codec="onebit")
+    bucket = plan.bucket_of("fc.weight").name
+    assert bucket != "fc.weight"
+    assert plan.table("fc.weight") == plan.table(bucket)
+    assert len(plan.table("fc.weight").splitlines()) == 2 + sum(1 for _ in plan.nodes(bucket=bucket))
+    with pytest.raises(KeyError, match="nosuch"):
+        plan.table("nosuch")

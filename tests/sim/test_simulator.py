@@ -178,3 +178,17 @@ def test_gantt_draws_one_collection_per_op_kind_and_lane(tmp_path, monkeypatch):
     drawn = [r for r in tl.records if r["op"] != "wire"]
     assert sum(calls) == len(drawn)  # every op drawn
     assert len(calls) <= 5 * 8  # ... in one call per (op kind, worker)
+
+
+@pytest.mark.parametrize("workers, per_node, strategy, codec", [
+    (8, 4, "auto", "auto"),  # sends that held a compute lane were counted with their wire time: 47 ms of 37.5
+    (8, 1, "ring", "onebit"),
+    (6, 4, "ps", "none"),
+])
+def test_critical_path_seconds_never_exceed_the_iteration(workers, per_node, strategy, codec):
+    cluster = ClusterModel.for_workers(workers, workers_per_node=per_node, bandwidth_gbps=25)
+    plan = casync.build_plan("resnet50", workers=workers, strategy=strategy, codec=codec, cluster=cluster)
+    tl = simulate(plan, cluster)
+    split = tl.critical_path_seconds()
+    assert set(split) == {"compute", "transfer"} and min(split.values()) >= 0
+    assert 0.5 * tl.iteration_time < split["compute"] + split["transfer"] <= tl.iteration_time * (1 + 1e-9)
