@@ -21,7 +21,7 @@ import ray
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
 from ..transport.base import RoutedChannel
-from ..transport.shm import Arena, ShmChannel, arenas
+from ..transport.shm import SHM_DIR, Arena, ShmChannel, arena_name, arenas
 from ..transport.sockets import SocketChannel
 from ..transport.torchdist import TorchChannel, init_group, interface_of, listen_socket
 from .actor_process import ActorProcess
@@ -120,13 +120,35 @@ def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transp
     if backend is not None:
         master, port = get([actors[names[0]].rendezvous.remote(options.get("port"))], "starting the data plane")[0]
         where = f"forming the {backend} process group at {master}:{port}"
-    interfaces = dict(zip(names, get([actors[n].connect.remote(ranks, master, port, backend, options.get("ifname"),
-                                                               shm, near[n], far_tcp[n]) for n in names], where)))
-    if transport in ("direct", "tcp"):
-        addresses = None
-        if transport == "tcp":
-            addresses = dict(zip(names, get([actors[n].tcp_address.remote() for n in names], "listening for TCP")))
-        get([a.attach.remote(addresses) for a in actors.values()], "connecting the actors")
-    if shm is not None:
-        get([a.unlink.remote() for a in actors.values()], "mapping shared memory")
+    try:
+        interfaces = dict(zip(names, get([actors[n].connect.remote(ranks, master, port, backend,
+                                                                   options.get("ifname"), shm, near[n], far_tcp[n])
+                                          for n in names], where)))
+        if transport in ("direct", "tcp"):
+            addresses = None
+            if transport == "tcp":
+                addresses = dict(zip(names, get([actors[n].tcp_address.remote() for n in names],
+                                                 "listening for TCP")))
+            get([a.attach.remote(addresses) for a in actors.values()], "connecting the actors")
+        if shm is not None:
+            get([a.unlink.remote() for a in actors.values()], "mapping shared memory")
+    except BaseException:
+        if shm is not None:  # the arenas made so far would outlive the actors (killed, they unlink nothing)
+            remove_arenas(actors, shm[0], shm[1])
+        raise
     return interfaces
+
+
+def remove_arenas(actors: dict[str, Any], layout: dict[str, Arena], prefix: str, wait_s: float = 2.0) -> None:
+    """Best effort after a failed formation: every actor that still answers unlinks its arena, and the names
+    left in this machine's shared memory (actors on the driver's node that are dead or stuck) are removed here."""
+    refs = [a.unlink.remote() for a in actors.values()]
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    except Exception:
+        pass
+    for name in layout:
+        try:
+            os.unlink(os.path.join(SHM_DIR, arena_name(prefix, name)))
+        except OSError:
+            pass

@@ -24,7 +24,7 @@ from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
 from ..schedule import ActorShare
 from .data_plane import DataPlaneMember
-from .shared_results import SharedResults, room_for
+from .shared_results import NoRoomError, SharedResults, room_for
 
 
 def load_torch_casts(codecs: Iterable[Codec]) -> bool:
@@ -105,7 +105,10 @@ class ExecutorActor(DataPlaneMember):
         sizes = {b: out.size for b, out in self.out.items()}
         if not room_for(4 * sum(sizes.values())):
             return False
-        self.shared = SharedResults(name, sizes)
+        try:  # room_for saw the free space before the other actors of this machine took theirs
+            self.shared = SharedResults(name, sizes)
+        except NoRoomError:
+            return False
         self.out = self.shared.buffers
         return True
 

@@ -149,9 +149,49 @@ def positive_number(value: Any) -> bool:
             and bool(np.isfinite(value)) and value > 0)
 
 
+#: the Ray session engines started (:func:`_session_key`) and how many open engines use it: the last one to close
+#: stops it, so closing the engine that happened to start Ray never pulls it out from under another engine
+_SHARED_RAY: dict[str, Any] = {"session": None, "holders": 0}
+
+
+def _session_key() -> str | None:
+    """An id of the Ray session this process is connected to (None when it cannot tell, e.g. a Ray Client)."""
+    try:
+        node = ray._private.worker.global_worker.node
+        return f"{ray.get_runtime_context().gcs_address}/{node.session_name}"
+    except Exception:
+        return None
+
+
+def hold_ray(started: bool) -> bool:
+    """Count the caller among the users of a Ray that an engine started (``started``: this caller started it);
+    returns whether the caller must :func:`release` it (``owns_ray``)."""
+    key = _session_key()
+    if started:
+        _SHARED_RAY.update(session=key, holders=1)
+        return True
+    if key is not None and key == _SHARED_RAY["session"] and _SHARED_RAY["holders"] > 0:
+        _SHARED_RAY["holders"] += 1
+        return True
+    return False
+
+
+def _unhold_ray() -> bool:
+    """One user of the engines' Ray is done; returns whether it was the last (Ray should stop)."""
+    if _SHARED_RAY["session"] != _session_key():  # that session is gone already (someone shut it down): never
+        _SHARED_RAY.update(session=None, holders=0)  # stop the one this process may have joined since
+        return False
+    _SHARED_RAY["holders"] = max(0, _SHARED_RAY["holders"] - 1)
+    if _SHARED_RAY["holders"] == 0:
+        _SHARED_RAY["session"] = None
+        return True
+    return False
+
+
 def release(actors: Any, pg: Any, owns_ray: bool) -> None:
-    """Kill ``actors``, remove placement group ``pg`` (None: none) and stop Ray if the caller started it;
-    what is already gone is skipped (engines call this from ``close()``)."""
+    """Kill ``actors``, remove placement group ``pg`` (None: none) and stop Ray if the caller started it (or
+    joined one an engine started, :func:`hold_ray`) and no other open engine uses it; what is already gone is
+    skipped (engines call this from ``close()``)."""
     for handle in actors:
         try:
             ray.kill(handle, no_restart=True)
@@ -162,7 +202,7 @@ def release(actors: Any, pg: Any, owns_ray: bool) -> None:
             remove_placement_group(pg)
         except Exception:
             pass
-    if owns_ray and ray.is_initialized():
+    if owns_ray and _unhold_ray() and ray.is_initialized():
         ray.shutdown()
 
 
@@ -241,7 +281,7 @@ class ActorGroup:
         self.broken: str | None = None
         self.closed = False
         self.pg = None
-        self.owns_ray = connect_ray(address, num_cpus=num_cpus)
+        self.owns_ray = hold_ray(connect_ray(address, num_cpus=num_cpus))
 
     def place(self, cpus: list[float], placement: str, hint: str = "", owner: str = "engine") -> None:
         """Reserve one bundle per actor (``"spread"`` over nodes or ``"pack"``) within the timeout.
@@ -300,7 +340,13 @@ class ActorGroup:
         """Best effort for a forgotten engine that joined a running Ray: free its actors.  One that started
         Ray does not stop it from a finalizer (unsafe at interpreter exit; Ray goes with the process)."""
         try:
-            if not self.closed and ray.is_initialized() and not self.owns_ray:
+            if self.closed or not ray.is_initialized():
+                return
+            if not self.owns_ray:
                 self.close()
+            elif _SHARED_RAY["holders"] > 1 and _SHARED_RAY["session"] == _session_key():  # others still use it
+                self.closed = True
+                release(self.handles.values(), self.pg, False)
+                _unhold_ray()
         except Exception:
             pass

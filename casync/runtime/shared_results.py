@@ -11,14 +11,17 @@ room for the segment, use Ray's return as before.
 from __future__ import annotations
 
 import os
-from multiprocessing import shared_memory
 from typing import Mapping
 
 import numpy as np
 
-from ..transport.shm import SHM_DIR, attach
+from ..transport.shm import SHM_DIR, attach, reserve_segment
 
-__all__ = ["SHM_DIR", "MappedResults", "SharedResults", "room_for", "views"]
+__all__ = ["SHM_DIR", "MappedResults", "NoRoomError", "SharedResults", "room_for", "views"]
+
+
+class NoRoomError(OSError):
+    """The shared-memory filesystem has no room for a results segment (other segments took it meanwhile)."""
 
 
 def room_for(nbytes: int, directory: str = SHM_DIR) -> bool:
@@ -45,7 +48,10 @@ class SharedResults:
 
     def __init__(self, name: str, sizes: Mapping[str, int]):
         self.sizes = dict(sizes)
-        self.shm = shared_memory.SharedMemory(name=name, create=True, size=max(4 * sum(self.sizes.values()), 1))
+        shm = reserve_segment(name, max(4 * sum(self.sizes.values()), 1))  # its pages reserved: never a SIGBUS
+        if shm is None:
+            raise NoRoomError(f"no room in {SHM_DIR} for {4 * sum(self.sizes.values())} bytes of results")
+        self.shm = shm
         self.buffers = views(self.shm.buf, self.sizes)
 
     @property

@@ -9,6 +9,7 @@ sizes are exact because codecs report exact wire sizes.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import sys
@@ -58,6 +59,31 @@ def arenas(transfers: Iterable[Transfer], node_of: Mapping[str, Any]) -> dict[st
     return {dst: Arena(ends[dst], slots[dst], frozenset(senders[dst])) for dst in slots}
 
 
+def reserve_segment(name: str, size: int) -> shared_memory.SharedMemory | None:
+    """A new segment ``name`` of ``size`` bytes with its pages reserved, or None where the shared-memory
+    filesystem has no room for them.  A segment is sparse: without the reservation, writing past the free space
+    (Docker gives /dev/shm 64 MB) kills the writer with SIGBUS instead of raising."""
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    if not hasattr(os, "posix_fallocate"):  # not on this platform: the segment stays sparse
+        return shm
+    try:
+        os.posix_fallocate(shm._fd, 0, size)  # type: ignore[attr-defined]
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # this filesystem cannot reserve: it stays sparse
+            return shm
+        shm.close()
+        shm.unlink()
+        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+            return None
+        raise
+    return shm
+
+
+def arena_name(prefix: str, actor: str) -> str:
+    """The shared-memory name of ``actor``'s arena among the arenas named from ``prefix``."""
+    return f"{prefix}-{actor.replace(':', '')}"
+
+
 class _Mapped:
     """A segment another process made, mapped read-write, unknown to Python's resource tracker: its owner alone
     unlinks it."""
@@ -104,23 +130,34 @@ class ShmChannel:
         self.prefix = prefix
         self._own: shared_memory.SharedMemory | None = None
         self._peers: dict[str, Any] = {}
+        #: why this actor has no arena although the layout gives it one (its bodies then come over ``base``)
+        self.no_arena: str | None = None
         if actor in layout:
-            self._own = shared_memory.SharedMemory(name=self._name(actor), create=True, size=2 * layout[actor].half)
+            self._own = reserve_segment(self._name(actor), 2 * layout[actor].half)
+            if self._own is None:
+                self.no_arena = (f"no room in {SHM_DIR} for a receive arena of {2 * layout[actor].half} bytes: "
+                                 "payload bodies go over sockets")
 
     def _name(self, actor: str) -> str:
-        return f"{self.prefix}-{actor.replace(':', '')}"
+        return arena_name(self.prefix, actor)
 
     def attach(self) -> None:
         """Map the arenas of the same-node actors this one sends to (after every owner created its own); the
         arenas of other nodes' actors are in their machines' shared memory, not this one's."""
         for receiver, arena in self.layout.items():
             if receiver != self.actor and self.actor in arena.senders:
-                self._peers[receiver] = attach(self._name(receiver))
+                try:
+                    self._peers[receiver] = attach(self._name(receiver))
+                except FileNotFoundError:  # it found no room for its arena: its bodies go over the base channel
+                    pass
 
     def unlink(self) -> None:
         """Remove this actor's arena name (every peer has mapped it): nothing is left behind if a process dies."""
         if self._own is not None:
-            self._own.unlink()
+            try:
+                self._own.unlink()
+            except FileNotFoundError:  # already removed (a driver cleaning up after a failed formation)
+                pass
 
     def _slot(self, shm: Any, receiver: str, transfer: int, nbytes: int, step: int
               ) -> np.ndarray | None:

@@ -200,6 +200,10 @@ class SocketChannel:
 
     def close(self) -> None:
         for sock in [*self._out.values(), *self._in, self._listener]:
+            try:  # wakes a reader thread blocked in recv on it (close alone leaves it there while the peer lives)
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             try:
                 sock.close()
             except OSError:
@@ -229,9 +233,13 @@ class SocketChannel:
 
     def _read_loop(self, sock: socket.socket, peer: str) -> None:
         incoming = self._incoming[peer]
+        receive: _Receive | None = None  # taken off its queue: the failure below must fail it too
         try:
             while True:
+                receive = None
                 tag, nbytes = _FRAME.unpack(_read(sock, _FRAME.size))
+                if nbytes < 0:
+                    raise _BadFrame(f"a frame of {nbytes} bytes (tag {tag})")
                 receive = self._posted(incoming, tag)
                 if receive is not None and receive.buf.nbytes == nbytes:  # straight into the posted buffer
                     _read_into(sock, memoryview(receive.buf).cast("B"))
@@ -252,10 +260,20 @@ class SocketChannel:
                     receive.fail(exc)
                 else:
                     receive.event.set()
-        except (OSError, EOFError) as exc:
-            reason = "closed its connection" if isinstance(exc, EOFError) else f"connection failed ({exc})"
+        except Exception as exc:  # the stream is over: whatever ended it fails every receive from this peer
+            if isinstance(exc, (OSError, EOFError)):
+                reason = "closed its connection" if isinstance(exc, EOFError) else f"connection failed ({exc})"
+                error: SyncError = WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)")
+            else:  # a corrupt frame (say, a size no buffer can take): not a peer this actor can trust
+                error = SyncError(f"{self.actor}: the stream from {peer} broke: {type(exc).__name__}: {exc}")
             with self._lock:
-                self._fail(incoming, WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)"))
+                self._fail(incoming, error)
+                if receive is not None and not receive.event.is_set():  # its body was cut off mid-read
+                    receive.fail(error)
+
+
+class _BadFrame(Exception):
+    """A frame header no sender of this module writes."""
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

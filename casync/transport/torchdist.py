@@ -116,6 +116,6 @@ class TorchChannel:
             raise SyncError(f"{self.actor}: the data plane was aborted: {self._aborted}")
 
     def abort(self, reason: str) -> None:
-        """Refuse further transfers; transfers in flight end by the group's timeout or when the engine
-        stops the processes (a Ray engine kills every actor of a failed step)."""
+        """Refuse further transfers; transfers in flight end by the group's timeout or when the processes stop
+        (a Ray engine's actors at its ``close()``)."""
         self._aborted = reason

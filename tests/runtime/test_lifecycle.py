@@ -87,3 +87,25 @@ def test_two_engines_share_the_cluster_or_the_second_fails_at_once_naming_the_fi
         with pytest.raises(casync.ResourcesUnavailableError, match="other casync engines hold casync-RayEngine"):
             RayEngine(plan, num_cpus_per_actor=1, timeout_s=60)
         assert time.monotonic() - start < 20
+
+
+def test_an_actor_lost_while_the_data_plane_forms_leaves_no_shared_memory(ray_local):
+    """The actors made their receive arenas; one dies before they are all mapped (and unlinked): the engine
+    fails with a typed error and no arena name is left in /dev/shm (killed actors unlink nothing)."""
+    import os
+
+    from casync.transport.shm import SHM_DIR
+
+    class DyingWhileForming(RayEngine):
+        def _get(self, refs, what, deadline=None):
+            values = super()._get(refs, what, deadline)
+            if what == "connecting the actors" and not getattr(self, "_killed", False):  # the arenas exist now
+                self._killed = True
+                ray_local.kill(self.actors["worker:2"], no_restart=True)
+            return values
+
+    plan = casync.build_plan({"w": (100_000,)}, workers=3, strategy="ring", codec="onebit")
+    before = set(os.listdir(SHM_DIR))
+    with pytest.raises(casync.SyncError):
+        DyingWhileForming(plan, timeout_s=20)
+    assert sorted(n for n in set(os.listdir(SHM_DIR)) - before if n.startswith("casync")) == []

@@ -119,6 +119,43 @@ def test_a_peer_that_goes_away_fails_waiting_and_later_receives_at_once(pair):
         b.irecv(np.empty(8, np.uint8), "worker:0", 2)
 
 
+def test_a_peer_that_dies_mid_body_fails_the_receive_it_was_filling_at_once(pair):
+    """The receive whose body was being read when the connection ended fails as the others do (not a timeout)."""
+    from casync.transport.sockets import _FRAME
+
+    a, b = pair
+    handle = b.irecv(np.empty(1000, np.uint8), "worker:0", 5)
+    a._out["worker:1"].sendall(_FRAME.pack(5, 1000) + b"x" * 10)  # the header and 10 of 1000 bytes
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    a.close()
+    with pytest.raises(WorkerLostError, match="worker:0 closed its connection"):
+        handle.wait()
+    assert time.monotonic() - t0 < 2.0  # not the 5 s timeout
+
+
+def test_a_corrupt_frame_fails_the_receives_at_once(pair):
+    from casync.transport.sockets import _FRAME
+
+    a, b = pair
+    handle = b.irecv(np.empty(8, np.uint8), "worker:0", 5)
+    a._out["worker:1"].sendall(_FRAME.pack(5, -1))
+    t0 = time.monotonic()
+    with pytest.raises(SyncError, match="stream from worker:0 broke"):
+        handle.wait()
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_close_ends_the_reader_threads_while_the_peer_lives(pair):
+    a, b = pair
+    a.close()
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(t.name == "casync-socket-worker:0<-worker:1"
+                                              for t in threading.enumerate()):
+        time.sleep(0.02)
+    assert not [t for t in threading.enumerate() if t.name == "casync-socket-worker:0<-worker:1"]
+
+
 def test_silence_is_a_timeout_and_abort_fails_a_waiting_receive(pair):
     a, b = pair
     b.timeout_s = 0.3
