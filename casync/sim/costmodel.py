@@ -143,7 +143,9 @@ class Profile:
         for key, entry in self.codecs.items():
             if key.split("(", 1)[0] == name:
                 return entry
-        raise KeyError(f"profile has no costs for codec {codec_key!r}; profiled: {sorted(self.codecs)}")
+        raise KeyError(f"profile has no costs for codec {codec_key!r} (profiled: {sorted(self.codecs)}); measure "
+                       f"them on this machine, e.g. casync.sim.profiler.profile(codecs=[*DEFAULT_CODECS, "
+                       f"{name!r}]), and pass that profile as profile=")
 
     def _scale(self, runtime: bool, op: str, codec_key: str = "") -> float:
         return self.runtime.scale(op, codec_key) if runtime and self.runtime is not None else 1.0

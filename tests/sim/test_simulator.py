@@ -192,3 +192,36 @@ def test_critical_path_seconds_never_exceed_the_iteration(workers, per_node, str
     split = tl.critical_path_seconds()
     assert set(split) == {"compute", "transfer"} and min(split.values()) >= 0
     assert 0.5 * tl.iteration_time < split["compute"] + split["transfer"] <= tl.iteration_time * (1 + 1e-9)
+
+
+def test_a_registered_codec_is_simulated_and_planned_once_profiled_on_this_machine():
+    """The README's "Adding a codec": the packaged profile has no costs for a new codec, and the error says
+    how to measure them; a profile measured with it simulates and plans it."""
+    from primitives.codecs import Codec, register_codec, unregister_codec
+    from casync.sim.profiler import DEFAULT_CODECS, profile
+
+    class Halves(Codec):
+        name = "halves-test"
+        ef_sound = True
+
+        def encode(self, x, seed=0):
+            return {"h": x.astype(np.float16)}
+
+        def decode(self, payload, n):
+            return payload["h"].astype(np.float32)
+
+        def compressed_nbytes(self, n):
+            return 2 * n
+
+    register_codec(Halves)
+    try:
+        plan = casync.build_plan({"w": (4096,), "b": (64,)}, workers=2, codec="halves-test")
+        with pytest.raises(KeyError, match=r"no costs for codec 'halves-test'.*profile\(codecs="):
+            simulate(plan)
+        costs = profile(codecs=[*DEFAULT_CODECS[:1], "halves-test"], sizes=(1024, 4096), repeat=1, progress=False)
+        assert simulate(plan, profile=costs).iteration_time > 0
+        auto = casync.build_plan({"w": (4096,), "b": (64,)}, workers=2, strategy="auto",
+                                 codec=["none", "halves-test"], profile=costs)
+        assert {str(b.codec) for b in auto.buckets} <= {"none", "halves-test"}
+    finally:
+        unregister_codec("halves-test")
