@@ -109,6 +109,16 @@ class RayEngine(EngineBase):
         unknown = set(options) - {"port", "ifname"}
         if unknown:
             raise ValueError(f"unknown transport_options {sorted(unknown)}; expected 'port' and/or 'ifname'")
+        if options and transport in ("tcp", "objectstore"):
+            raise ValueError(f"transport_options {sorted(options)} shape a process group ('direct' between nodes, "
+                             f"'gloo', 'nccl'); transport {transport!r} forms none (tcp listens on the Ray node's "
+                             "address at ports the OS picks)")
+        port = options.get("port")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536):
+            raise ValueError(f"transport_options['port'] must be an int in 1..65535, got {port!r}")
+        ifname = options.get("ifname")
+        if ifname is not None and (not isinstance(ifname, str) or not ifname):
+            raise ValueError(f"transport_options['ifname'] must be a network interface's name, got {ifname!r}")
         super().__init__()
         self.transport = transport
         self.transport_options = options

@@ -264,6 +264,12 @@ RAY_ARGS = [
     (dict(num_cpus_per_actor=0), ValueError, "num_cpus_per_actor"),
     (dict(num_cpus_per_actor="x"), ValueError, "num_cpus_per_actor"),
     (dict(address=5), TypeError, "address must be"),
+    (dict(transport_options={"host": "x"}), ValueError, "unknown transport_options"),
+    (dict(transport="tcp", transport_options={"port": 29500}), ValueError, "transport 'tcp' forms none"),
+    (dict(transport="objectstore", transport_options={"ifname": "eth0"}), ValueError, "'objectstore' forms none"),
+    (dict(transport="gloo", transport_options={"port": 70000}), ValueError, r"port'\] must be an int in 1..65535"),
+    (dict(transport_options={"port": "29500"}), ValueError, "must be an int"),
+    (dict(transport="gloo", transport_options={"ifname": ""}), ValueError, "network interface"),
 ]
 
 
