@@ -115,6 +115,7 @@ class HookSession:
         self.where: dict[str, tuple[str, int, int]] = {}  # parameter -> (plan bucket, offset, numel)
         self.exact: dict[tuple[str, ...], str] = {}  # DDP bucket's parameter names -> plan bucket with that layout
         self.stats: dict[str, Any] = {}
+        self.unseen: set[str] | None = None  # plan parameters DDP has not passed yet in the first compressed step
 
     # -- naming DDP's parameters -----------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -143,12 +144,16 @@ class HookSession:
                              "CasyncState(model=...) does not have")
         return [self.names[id(p)] for p in params]
 
-    def synced(self) -> dict[str, tuple[int, ...]]:
-        """The parameters DDP syncs (requires_grad, not in DDP's ignore list): name -> shape."""
+    def synced(self) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+        """The parameters DDP syncs, name -> shape: those that require a gradient (outside DDP's ignore list),
+        and those that do not now but may still be in DDP's buckets (DDP bucketed the parameters that required a
+        gradient when it was built: a layer frozen after wrapping, with ``find_unused_parameters=True``, stays)."""
         if self.module is None:
             self._discover()
         ignored = set(getattr(self.module, "_ddp_params_and_buffers_to_ignore", ()) or ())
-        return {n: tuple(p.shape) for n, p in self.module.named_parameters() if p.requires_grad and n not in ignored}
+        named = [(n, p) for n, p in self.module.named_parameters() if n not in ignored]
+        return ({n: tuple(p.shape) for n, p in named if p.requires_grad},
+                {n: tuple(p.shape) for n, p in named if not p.requires_grad})
 
     # -- the hook ------------------------------------------------------------------------------------------------
     def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -238,6 +243,14 @@ class HookSession:
         ctx = self.current
         if ctx is None:
             ctx = self.current = self._open()
+        if self.unseen is not None:  # the first compressed step: DDP may hold parameters frozen since (not planned)
+            extra = [n for n in names if n not in self.where]
+            if extra:
+                self.current = None
+                raise state.fail(ValueError(
+                    "the casync plan (from the checkpoint) does not fit this model's gradients: parameters synced by "
+                    f"DDP now but not in the plan: {extra[:5]}. Resume with the same model (and requires_grad flags), "
+                    "or leave casync's state out"))
         entry = _Entry(torch.futures.Future(), buffer, names, offsets)
         with ctx.lock:
             ctx.entries.append(entry)
@@ -261,8 +274,17 @@ class HookSession:
                 ctx.remaining[target] -= 1
                 if ctx.remaining[target] == 0:
                     runner.provide(target, ctx.flats[target])
+        if self.unseen is not None:
+            self.unseen.difference_update(names)
         if bucket.is_last():
             self.current = None
+            if self.unseen:  # frozen since DDP was built, yet not in DDP's buckets: the plan waits for them
+                missing, self.unseen = sorted(self.unseen), None
+                raise state.fail(ValueError(
+                    "the casync plan (from the checkpoint) does not fit this model's gradients: parameters in the "
+                    f"plan but not synced by DDP now: {missing[:5]}. Resume with the same model (and requires_grad "
+                    "flags), or leave casync's state out"))
+            self.unseen = None
             try:
                 ctx.background.result(2 * state.timeout_s + 30)
             except BaseException as exc:
@@ -278,7 +300,8 @@ class HookSession:
         state = self.state
         first = state.runner is None
         if first:
-            state.check_parameters(self.synced())
+            state.check_parameters(*self.synced())
+            self.unseen = {t.name for t in state.plan.tensors}  # checked at this iteration's last bucket
             state.ensure_runner()
             self.where = {}
             for b in state.plan.buckets:

@@ -34,6 +34,13 @@ from .runner import Background, StepOutcome
 from .state import SyncState
 
 
+_SAMPLES = 8  # values of each gradient kept to find a gradient changed between backward and synchronize()
+
+
+def _stride(numel: int) -> int:
+    return max(1, numel // _SAMPLES)
+
+
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer`` (sharing its ``param_groups`` and ``state``, so LR schedulers work on it) and
     synchronizes the gradients of ``named_parameters`` with a casync plan.
@@ -129,6 +136,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._background: Background | None = None
         self._step: int | None = None
         self._synchronized = False
+        self._taken: dict[str, tuple[int, int] | None] = {}  # parameter -> (id, version) of the .grad synced
 
     def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def ready(param: torch.Tensor) -> None:
@@ -136,6 +144,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise TypeError(f"parameter {name!r} has a {param.grad.layout} gradient; casync syncs dense gradients "
                                 "only (e.g. nn.Embedding(sparse=False))")
             with self._lock:
+                if self._synchronized:  # a new step's gradients: the last synchronize() had no step() after it
+                    self._synchronized = False  # (GradScaler.step skips step() after an overflow)
                 count = self._passes.get(name, 0) + 1
                 if count > self.backward_passes_per_step:
                     raise RuntimeError(f"parameter {name!r} got a gradient {count} times since the last step(); "
@@ -176,8 +186,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         target = flat[member.offset:member.stop]
         if grad is None:
             target[...] = 0
+            self._taken[name] = None
         else:
             target[...] = grad.detach().to(device="cpu", dtype=torch.float32).reshape(-1).numpy()
+            # what synchronize() checks the .grad against: the same tensor, unchanged (its version counter, and a
+            # few of its values: GradScaler's unscale_ does not count as a version)
+            self._taken[name] = (id(grad), grad._version, target[::_stride(target.size)][:_SAMPLES].copy())
         self._remaining[bucket.name] -= 1
         if self._remaining[bucket.name] == 0:
             self._sync.runner.provide(bucket.name, flat)
@@ -205,6 +219,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if not outcome.skipped:
                 sync.runner.commit(outcome)
             sync.iter = outcome.step + 1
+            changed = self._changed()
+            if changed:  # the step was synced (alike on every rank); the gradients are left as they are
+                self._reset()
+                raise RuntimeError(
+                    f"the gradients of {changed[:4]} were changed after backward but before synchronize() (e.g. by "
+                    "GradScaler.unscale_, a bare scaler.step(opt), or clip_grad_norm_); synchronize() would replace "
+                    "them with the synced gradients of the values backward produced, and the change would be lost. "
+                    "Call opt.synchronize() first: opt.synchronize(); scaler.unscale_(opt); clip; "
+                    "with opt.skip_synchronize(): scaler.step(opt)")
             self.skipped = outcome.skipped
             self.stats = {"step": outcome.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
                           "skipped": outcome.skipped, "nonfinite": outcome.nonfinite}
@@ -218,6 +241,27 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     p.grad.copy_(value)
             self._reset()
             self._synchronized = True
+
+    def _changed(self) -> list[str]:
+        """Parameters whose ``.grad`` was replaced or changed in place since it was taken for the sync."""
+        out, samples = [], []
+        for name, p in self._params:
+            taken, grad = self._taken.get(name), p.grad
+            if taken is None:
+                continue
+            if grad is None or (id(grad), grad._version) != taken[:2]:
+                out.append(name)
+            else:
+                flat = grad.detach().reshape(-1)
+                samples.append((name, taken[2], flat[::_stride(flat.numel())][:_SAMPLES]))
+        if samples:  # one copy to the host
+            now = torch.cat([s.to(torch.float32) for _, _, s in samples]).cpu().numpy()
+            at = 0
+            for name, before, _ in samples:
+                if not np.array_equal(before, now[at:at + before.size], equal_nan=True):
+                    out.append(name)
+                at += before.size
+        return out
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Synchronize (unless :meth:`synchronize` already did for this step), then the wrapped optimizer's step;

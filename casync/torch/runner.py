@@ -42,14 +42,19 @@ def plan_fingerprint(plan: SyncPlan, config: Mapping[str, Any] | None = None) ->
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def check_same_plan(group: CasyncGroup, fingerprint: str, describe: str) -> None:
-    """Every rank's plan fingerprint must be the same; raises :class:`PlanMismatchError` on every rank."""
-    seen = group.gather_object((fingerprint, describe), "comparing the ranks' plans")
-    if len({f for f, _ in seen}) > 1:
-        lines = "; ".join(f"rank {r}: {f} ({d})" for r, (f, d) in enumerate(seen))
+def check_same_plan(group: CasyncGroup, fingerprint: str, describe: str, step: int | None = None) -> None:
+    """Every rank's plan fingerprint (and ``step``, the steps done) must be the same; raises
+    :class:`PlanMismatchError` on every rank."""
+    seen = group.gather_object((fingerprint, describe, step), "comparing the ranks' plans")
+    if len({f for f, _, _ in seen}) > 1:
+        lines = "; ".join(f"rank {r}: {f} ({d})" for r, (f, d, _) in enumerate(seen))
         raise PlanMismatchError(f"the ranks built different sync plans, so their transfers would not match: {lines}. "
                                 "Every rank must pass the same strategy, codec and options and have the same "
                                 "model and gradient buckets")
+    if len({s for _, _, s in seen}) > 1:
+        lines = ", ".join(f"rank {r} {s}" for r, (_, _, s) in enumerate(seen))
+        raise PlanMismatchError(f"the ranks are at different steps ({lines}), so their codec seeds and transfers "
+                                "would not match: every rank must load the same casync state dict, or none")
 
 
 def check_same_settings(group: CasyncGroup, settings: dict[str, Any]) -> None:
@@ -62,7 +67,7 @@ def check_same_settings(group: CasyncGroup, settings: dict[str, Any]) -> None:
         lines = "; ".join(f"{key}: " + ", ".join(f"rank {r} {v!r}" for r, v in enumerate(values))
                           for key, values in differ.items())
         raise PlanMismatchError(f"the ranks set casync up differently ({lines}); every rank must pass the same "
-                                "settings")
+                                "settings and load the same casync state dict (or none)")
 
 
 def parameters_crc(tensors: Iterable[Any]) -> int:

@@ -65,7 +65,10 @@ class SyncState:
     def settings(self) -> dict[str, Any]:
         """What every rank must set alike besides the plan's options (first compared when the groups form, so a
         difference is an error naming it, not a timeout in a collective that only some ranks make)."""
-        return {"transport": self.transport, "check_every": self.check_every}
+        return {"transport": self.transport, "check_every": self.check_every,
+                # what load_state_dict() restored (a checkpoint loaded on some ranks only, or different ones)
+                "steps done (load_state_dict)": self.iter,
+                "plan (load_state_dict)": plan_fingerprint(self.plan, self.options.config()) if self.plan else None}
 
     def ensure_runner(self) -> PlanRunner:
         """The plan's runner on this rank, with the residuals a checkpoint restored."""
@@ -101,7 +104,7 @@ class SyncState:
         plan = self.plan
         describe = f"{len(plan.buckets)} buckets, {len(plan.tensors)} tensors, " \
                    f"{sorted({b.strategy for b in plan.buckets})} / {sorted({b.codec.name for b in plan.buckets})}"
-        check_same_plan(self.ensure_group(), plan_fingerprint(plan, self.options.config()), describe)
+        check_same_plan(self.ensure_group(), plan_fingerprint(plan, self.options.config()), describe, self.iter)
         self._checked = True
 
     def check_params(self, step: int, tensors: Sequence[Any]) -> None:
@@ -164,9 +167,16 @@ class SyncState:
         self.plan, self.iter, self._saved = plan, iteration, residuals
         self._checked = False
 
-    def check_parameters(self, params: Mapping[str, tuple[int, ...]]) -> None:
-        """The plan (a checkpoint's) must sync exactly these parameters (name -> shape): explain any difference."""
+    def check_parameters(self, params: Mapping[str, tuple[int, ...]],
+                         maybe: Mapping[str, tuple[int, ...]] | None = None) -> None:
+        """The plan (a checkpoint's) must sync exactly these parameters (name -> shape): explain any difference.
+        ``maybe``: parameters the plan may sync too (frozen after DDP bucketed them; the caller checks that they
+        arrive)."""
         plan_shapes = {t.name: tuple(t.shape) for t in self.plan.tensors}
+        params = dict(params)
+        for name, shape in (maybe or {}).items():
+            if plan_shapes.get(name) == shape:
+                params[name] = shape
         if plan_shapes == params:
             return
         missing = sorted(set(plan_shapes) - set(params))

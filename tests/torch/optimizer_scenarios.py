@@ -100,3 +100,66 @@ def training(rank: int, world: int) -> dict[str, Any]:
     return {"start": start, "losses": losses, "straight": straight, "resumed": params(model2),
             "lr": opt.param_groups[0]["lr"], "frozen": params(frozen)["0.weight"],
             "groups_after_close": len(_world.pg_map) - groups}
+
+
+def grad_scaler(rank: int, world: int) -> dict[str, Any]:
+    """AMP with a GradScaler.  Horovod's idiom (synchronize, unscale_, skip_synchronize + scaler.step) where rank
+    0's loss overflows at step 0, so the scaler skips that step() (after synchronize()): the next steps must
+    still sync.  Then PyTorch's bare recipe (scaler.step(opt) unscales the local gradients before the sync
+    replaces them): refused, not an update with the scaled gradients."""
+    model = mlp(rank)
+    opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                                  codec="onebit", strategy="ring", timeout_s=20)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    applied = []
+    for step in range(4):
+        x, y = batch(step, rank)
+        if step == 0 and rank == 0:
+            x[0, 0] = float("inf")
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        opt.synchronize()
+        scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scale = scaler.get_scale()
+        scaler.update()
+        applied.append(scaler.get_scale() == scale)
+    bare = None
+    x, y = batch(4, rank)
+    opt.zero_grad()
+    scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+    try:
+        scaler.step(opt)
+    except RuntimeError as exc:
+        bare = str(exc)
+    opt.close()
+    return {"applied": applied, "params": params(model), "bare": bare}
+
+
+def loaded_on_rank_0_only(rank: int, world: int) -> dict[str, Any]:
+    """The optimizer's checkpoint loaded on rank 0 only: a clear error on every rank at the first sync."""
+    def make() -> tuple[torch.nn.Module, ct.DistributedOptimizer]:
+        model = mlp(0)
+        return model, ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                                              codec="onebit", timeout_s=20)
+
+    def run(model: torch.nn.Module, opt: ct.DistributedOptimizer, steps: range) -> None:
+        for step in steps:
+            x, y = batch(step, rank)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    model, opt = make()
+    run(model, opt, range(3))
+    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
+    model, opt = make()
+    model.load_state_dict(saved["model"])
+    if rank == 0:
+        opt.load_state_dict(saved["opt"])
+    try:
+        run(model, opt, range(3, 5))
+    except Exception as exc:
+        return {"kind": type(exc).__name__, "message": str(exc)}
+    return {"kind": None}

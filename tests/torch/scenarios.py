@@ -286,3 +286,62 @@ def drift(rank: int, world: int) -> Any:
     except Exception as exc:
         return {"kind": type(exc).__name__, "message": str(exc), "iteration": state.iter}
     return {"kind": None}
+
+
+def frozen_after_wrapping(rank: int, world: int) -> dict[str, Any]:
+    """A layer frozen after DDP wrapped the model (DDP keeps it in its buckets; find_unused_parameters=True, as
+    plain DDP then needs): the hook trains on.  A checkpoint resumed with that layer frozen before wrapping
+    (DDP leaves it out): refused, naming it."""
+    import copy
+
+    def run(ddp: DDP, steps: range) -> None:
+        opt = torch.optim.SGD([p for p in ddp.parameters() if p.requires_grad], lr=0.05)
+        run_steps(ddp, opt, rank, steps)
+
+    out: dict[str, Any] = {}
+    model = mlp()
+    ddp = DDP(model, bucket_cap_mb=0.004, find_unused_parameters=True)
+    model[0].requires_grad_(False)
+    state = ct.CasyncState(codec="onebit", timeout_s=15)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    run(ddp, range(4))
+    out["after_wrap"] = {"iteration": state.iter, "params": params(model)}
+    saved = copy.deepcopy({"model": model.state_dict(), "casync": state.state_dict()})
+    for when in ("after", "before"):
+        resumed = mlp()
+        resumed.load_state_dict(saved["model"])
+        if when == "before":
+            resumed[0].requires_grad_(False)
+        ddp = DDP(resumed, bucket_cap_mb=0.004, find_unused_parameters=True)
+        resumed[0].requires_grad_(False)
+        restored = ct.CasyncState(codec="onebit", timeout_s=15)
+        restored.load_state_dict(saved["casync"])
+        ddp.register_comm_hook(restored, ct.comm_hook)
+        start = time.monotonic()
+        try:
+            run(ddp, range(4, 6))
+            out[when] = {"iteration": restored.iter}
+        except ValueError as exc:
+            out[when] = {"error": str(exc), "elapsed": time.monotonic() - start}
+    return out
+
+
+def loaded_on_some_ranks(rank: int, world: int, mode: str = "rank 0 only") -> Any:
+    """A checkpoint loaded on rank 0 only (or, ``mode``, another one on rank 1): a clear error on every rank at
+    the first sync, not a timeout."""
+    import copy
+
+    config = dict(codec="onebit", timeout_s=20)
+    ddp, opt, _ = train(mlp(), rank, range(3), ct.CasyncState(**config))
+    saved = copy.deepcopy(ddp._comm_hooks[0][1].state_dict())
+    if mode == "other" and rank == 1:
+        saved["iteration"] += 1
+    restored = ct.CasyncState(**config)
+    if mode == "other" or rank == 0:
+        restored.load_state_dict(saved)
+    start = time.monotonic()
+    try:
+        train(mlp(), rank, range(3, 5), restored)
+    except Exception as exc:
+        return {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start}
+    return {"kind": None}

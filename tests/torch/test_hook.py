@@ -187,3 +187,30 @@ def test_nonfinite_gradients_propagate_or_skip_alike_on_every_rank():
             assert not r["skip"][3][name].any()  # voided: zeros on every rank
             assert np.array_equal(r["propagate"][3][name], results[0]["propagate"][3][name], equal_nan=True)
     assert all(np.array_equal(results[0]["skip"][4][n], results[1]["skip"][4][n]) for n in SHAPES)
+
+
+def test_a_layer_frozen_after_wrapping_trains_on_and_resumes():
+    results = ok(run_ranks("tests.torch.scenarios:frozen_after_wrapping", 2))
+    for r in results:
+        assert r["after_wrap"]["iteration"] == 4
+        assert r["after"] == {"iteration": 6}  # resumed, frozen after wrapping again
+        assert "parameters in the plan but not synced by DDP now: ['0.bias', '0.weight']" in r["before"]["error"]
+        assert r["before"]["elapsed"] < 10  # at the end of the first iteration, not a timeout
+    for name, value in results[0]["after_wrap"]["params"].items():
+        assert np.array_equal(results[1]["after_wrap"]["params"][name], value)
+
+
+@pytest.mark.parametrize("mode", ["rank 0 only", "other"])
+def test_a_checkpoint_loaded_on_some_ranks_only_is_a_clear_error_on_every_rank(mode):
+    for r in run_ranks("tests.torch.scenarios:loaded_on_some_ranks", 2, mode=mode):
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "PlanMismatchError", r
+        assert "steps done (load_state_dict): rank 0 3, rank 1 " in r["message"], r
+        assert "load the same casync state dict" in r["message"] and r["elapsed"] < 10, r
+
+
+def test_the_optimizer_refuses_a_checkpoint_loaded_on_some_ranks_only():
+    for r in run_ranks("tests.torch.optimizer_scenarios:loaded_on_rank_0_only", 2):
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "PlanMismatchError", r
+        assert "the ranks are at different steps (rank 0 3, rank 1 0)" in r["message"], r

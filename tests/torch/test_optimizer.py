@@ -55,3 +55,13 @@ def test_training_broadcasts_clips_schedules_and_resumes_exactly():
         for name, value in r["straight"].items():
             assert np.array_equal(r["resumed"][name], value), f"rank {rank}, {name}: resumed run differs"
             assert np.array_equal(value, results[0]["straight"][name])
+
+
+def test_grad_scaler_overflow_skips_one_step_and_a_bare_scaler_step_is_refused():
+    results = ok(run_ranks("tests.torch.optimizer_scenarios:grad_scaler", 2))
+    for r in results:
+        assert r["applied"] == [False, True, True, True]  # the overflow step skipped, the next ones synced
+        for name, value in r["params"].items():  # (a step applied with local gradients would split them)
+            assert np.array_equal(value, results[0]["params"][name]), name
+        assert "were changed after backward but before synchronize()" in r["bare"], r["bare"]
+        assert "'0.weight'" in r["bare"]
