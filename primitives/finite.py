@@ -61,8 +61,11 @@ def carries_nonfinite(payload: Any) -> bool:
 def restore(dense: np.ndarray, payload: Mapping[str, np.ndarray]) -> np.ndarray:
     """Write the side channel's NaN/Inf back into a decoded (fresh, writable) array."""
     index, values = payload[NF_INDEX], payload[NF_VALUE]
-    if index.ndim != 1 or index.shape != values.shape or (index.size and not 0 <= index[0] <= index[-1] < dense.size):
-        raise ValueError(f"malformed non-finite side channel: {index.shape} positions, {values.shape} values "
+    if (not isinstance(index, np.ndarray) or not isinstance(values, np.ndarray) or index.dtype.kind not in "iu"
+            or index.ndim != 1 or index.shape != values.shape
+            or (index.size and not (0 <= index[0] and index[-1] < dense.size
+                                    and (index.size == 1 or bool((index[1:] > index[:-1]).all()))))):
+        raise ValueError(f"malformed non-finite side channel: {np.shape(index)} positions, {np.shape(values)} values "
                          f"for {dense.size} elements")
     dense[index] = values
     return dense

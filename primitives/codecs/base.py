@@ -92,6 +92,8 @@ class Codec(ABC):
                 if name not in own:
                     setattr(cls, name, getattr(Codec, name))
         if "decode" in own:
+            if "decode_shared" not in own:  # a parent's (none's: the payload's own array) would skip this decode
+                cls.decode_shared = Codec.decode_shared
             if "decode_into" not in own:
                 cls.decode_into = Codec.decode_into
             if "decodes_in_blocks" not in own:
@@ -263,7 +265,15 @@ def norms(x: np.ndarray) -> tuple[float, float]:
         with np.errstate(over="ignore", under="ignore"):
             np.multiply(xc, xc, out=t)
         l2 += float(block_sum(t))
+    if not (math.isfinite(l1) and math.isfinite(l2)) or (0 < l1 and l2 < x.size * _TINY32):
+        # float32 block sums overflowed (|x| beyond ~1.8e19 squares to inf), or squares flushed to zero or
+        # subnormal may be a visible share of ||x||^2: take both exactly in float64 (rarely needed)
+        x64 = x.astype(np.float64)
+        l1, l2 = float(np.abs(x64).sum()), float(np.dot(x64, x64))
     return l1, l2
+
+
+_TINY32 = float(np.finfo(np.float32).tiny)
 
 
 def as_input(x: Any) -> np.ndarray:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import warnings
 
 import numpy as np
 
-from .base import (BLOCK, Codec, Payload, add_block, as_input, check_length, feedback_input, field, merges_pending,
-                   scratch)
+from .base import (BLOCK, Codec, Payload, add_block, as_input, block_sum, check_length, feedback_input, field,
+                   merges_pending, scratch)
 
 
 class NoneCodec(Codec):
@@ -41,7 +42,9 @@ class NoneCodec(Codec):
 
 class FP16Codec(Codec):
     """Cast to float16 (round to nearest even); values beyond ±65504 become ±inf,
-    as in PyTorch's ``fp16_compress_hook``."""
+    as in PyTorch's ``fp16_compress_hook`` (so a GradScaler sees the overflow and skips the step).  With error
+    feedback the residual of a value that went as ±inf or NaN is 0 (not ∓inf or NaN): one overflow must not
+    poison every later step."""
 
     name = "fp16"
     ef_sound = True
@@ -84,6 +87,10 @@ class FP16Codec(Codec):
                     add_block(x, addend, start, start + c.size, c)
                 cast(c, values[block])
                 np.subtract(c, cast(values[block], decoded[: c.size]), out=c)
+                if not math.isfinite(block_sum(c)):  # (the block is in cache: a cheap check)
+                    # a finite value beyond ±65504 went as ±inf and left ∓inf here, an Inf (or NaN) that reached
+                    # this encode through a merge left NaN: each travelled as itself, nothing to carry
+                    c[~np.isfinite(c)] = 0
         return {"values": values}
 
     def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
@@ -111,7 +118,8 @@ def cast(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     differ): engines agree whichever path each one takes.
     """
     torch = sys.modules.get("torch")
-    if torch is None or src.size < TORCH_CAST_MIN or not hasattr(torch, "from_numpy"):
+    if (torch is None or src.size < TORCH_CAST_MIN or not hasattr(torch, "from_numpy")
+            or min(src.strides) < 0 or min(out.strides) < 0):  # torch.from_numpy refuses negative strides
         with np.errstate(over="ignore"):
             np.copyto(out, src, casting="same_kind")
         return out
