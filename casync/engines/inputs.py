@@ -109,9 +109,14 @@ def check_flats(plan: SyncPlan, flats: Any) -> None:
         raise TypeError(f"flats must be a list with one mapping bucket->array per worker, got {type(flats).__name__}")
     if len(flats) != plan.workers:
         raise ValueError(f"flats has {len(flats)} entries but the plan has {plan.workers} workers")
+    names = {bucket.name for bucket in plan.buckets}
     for w, buffers in enumerate(flats):
         if not isinstance(buffers, Mapping):
             continue
+        extra = [k for k in buffers if k not in names]
+        if extra:
+            raise ValueError(f"worker {w}: unexpected bucket(s) {extra[:5]} not in the plan (its buckets: "
+                             f"{sorted(names)[:5]})")
         for bucket in plan.buckets:
             array = buffers.get(bucket.name)
             if not isinstance(array, np.ndarray) or array.dtype != np.float32 or array.shape != (bucket.numel,):

@@ -7,7 +7,8 @@
     model.pt       the model's state dict (identical on every worker)
     optimizer.pt   the optimizer's state dict (identical on every worker: same parameters, same gradients)
     arrays.npz     error-feedback residuals of every actor, per-worker momentum-correction buffers, and the
-                   synchronized gradients of a delayed update not yet applied
+                   synchronized gradients of a delayed update not yet applied (with, per worker, its NaN/Inf
+                   reports in trainer.json and the momentum buffers from before it, to void it)
 
 A save goes to a temporary directory that then replaces ``path``, so a crash mid-save never leaves a
 half-written checkpoint where a good one was.
@@ -42,7 +43,7 @@ class Checkpoint:
     model: dict[str, np.ndarray]
     optimizer: dict[str, Any]
     residuals: dict[str, np.ndarray]
-    workers: list[dict[str, Any]]  # per rank: rng, data, momentum
+    workers: list[dict[str, Any]]  # per rank: rng, data, momentum, pending_nonfinite, pending_momentum
     pending_step: int | None
     pending_results: dict[str, np.ndarray] | None
 
@@ -65,10 +66,14 @@ def write_checkpoint(path: str | Path, *, step: int, config: dict[str, Any], par
         "momentum": [{n: put(v) for n, v in s["momentum"].items()} for s in states],
         "pending": None if pending is None else {"step": first["pending_step"],
                                                  "results": {b: put(v) for b, v in pending.items()}},
+        # per worker: momentum-correction buffers from before the pending step (to void it), or None
+        "pending_momentum": [None if s.get("pending_momentum") is None
+                             else {n: put(v) for n, v in s["pending_momentum"].items()} for s in states],
     }
     meta = {
         "format": FORMAT, "version": VERSION, "step": step, "config": config, "param_hash": param_hash,
-        "workers": [{"rank": s["rank"], "rng": s["rng"], "data": s["data"]} for s in states], "arrays": index,
+        "workers": [{"rank": s["rank"], "rng": s["rng"], "data": s["data"],
+                     "pending_nonfinite": s.get("pending_nonfinite", [])} for s in states], "arrays": index,
     }
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     if tmp.exists():
@@ -121,8 +126,10 @@ def _parse(path: Path, meta: dict[str, Any]) -> Checkpoint:
         return arrays[key]
 
     workers = []
-    for entry, momentum in zip(meta["workers"], index["momentum"]):
-        workers.append(dict(entry, momentum={n: get(k) for n, k in momentum.items()}))
+    pending_momentum = index.get("pending_momentum") or [None] * len(meta["workers"])
+    for entry, momentum, before in zip(meta["workers"], index["momentum"], pending_momentum):
+        workers.append(dict(entry, momentum={n: get(k) for n, k in momentum.items()},
+                            pending_momentum=None if before is None else {n: get(k) for n, k in before.items()}))
     pending = index["pending"]
     model = to_numpy_tree(torch.load(path / "model.pt", weights_only=True))
     optimizer = to_numpy_tree(torch.load(path / "optimizer.pt", weights_only=True))

@@ -16,7 +16,7 @@ import torch
 
 from primitives.codecs import Codec, get_codec
 
-from ..engines.nonfinite import raise_if_raising, voids_step
+from ..engines.nonfinite import NonFiniteReport, raise_if_raising, voids_step
 from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, ReplicaMismatchError
 from ..plan.assemble import BucketChoice, assemble_plan
@@ -378,7 +378,8 @@ class Trainer:
     def model(self) -> torch.nn.Module:
         """Worker 0's model (all replicas are identical), as a fresh module on the driver."""
         self._engine.check_usable()
-        (state,) = self._engine.call("model_state", actors=["worker:0"])
+        reports = list(self._pending.nonfinite.values()) if self._pending is not None else []
+        (state,) = self._engine.call("model_state", *reports, actors=["worker:0"])
         with torch.random.fork_rng():
             model = self._fns[0]()
         model.load_state_dict({k: torch.from_numpy(np.array(v, copy=True)) for k, v in state.items()})
@@ -466,8 +467,11 @@ class Trainer:
                                        f"{ck.param_hash}: model_fn builds a model whose state does not round-trip")
         self.step = ck.step
         engine.start_at(ck.step)
-        if ck.pending_step is not None:
-            self._pending = StepRefs(step=ck.pending_step, full=False, train={}, finish={}, recorded=True)
+        if ck.pending_step is not None:  # its NaN/Inf reports decide, as before the save, whether it is voided
+            reports = {w: [NonFiniteReport(**r) for r in ck.workers[i].get("pending_nonfinite", [])]
+                       for i, w in enumerate(engine.workers)}
+            self._pending = StepRefs(step=ck.pending_step, full=False, train={}, finish={}, nonfinite=reports,
+                                     recorded=True)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -12,6 +12,7 @@ import copy
 import functools
 import time
 import zlib
+from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 
 from primitives.codecs import Codec
 
-from ..engines.nonfinite import BucketLayout, voids_step
+from ..engines.nonfinite import BucketLayout, NonFiniteReport, voids_step
 from ..errors import SyncError
 from ..schedule import ActorShare
 from .dgc import MomentumCorrection, step_codecs
@@ -102,7 +103,8 @@ class TrainWorker(StepSyncActor):
                                       self.options.warmup_steps)
         grads = {b: np.empty(n, np.float32) for b, n in self._bucket_numel.items()}
         st = self._open(step, full, grads, {b: len(m) for b, m in self._bucket_members.items()}, codecs)
-        if self._momentum is not None and self.nonfinite != "propagate" and not self.options.delayed_update:
+        if self._momentum is not None and (self.nonfinite == "skip" or (self.nonfinite == "raise"
+                                                                        and not self.options.delayed_update)):
             st.momentum = self._momentum.state_dict()  # restored if the step is voided for NaN/Inf
         self._current = st
         try:
@@ -206,6 +208,15 @@ class TrainWorker(StepSyncActor):
                 self.rollback(step, rerun=self.nonfinite == "raise")
                 if st.momentum is not None:
                     self._momentum.load_state_dict(st.momentum)
+            elif st.momentum is not None:
+                # step t+1 has already folded its gradient into momentum made non-finite by step t's: back to
+                # before step t, which also drops step t+1's gradient (t+1 is voided too: its momentum held
+                # NaN/Inf), so voiding t+1 must not restore the poisoned momentum it started from
+                self._momentum.load_state_dict(st.momentum)
+                with self._cond:
+                    following = self._steps.get(step + 1)
+                    if following is not None:
+                        following.momentum = None
             self.optimizer.zero_grad(set_to_none=True)
             return {"update": ("update", "", -1, u0, time.time(), 0, ""), "voided": reports,
                     "hash": self.param_hash() if check else None}
@@ -249,11 +260,14 @@ class TrainWorker(StepSyncActor):
             done = [st for st in self._steps.values() if st.finished]
         return done[0] if done else None
 
-    def model_state(self) -> dict[str, np.ndarray]:
+    def model_state(self, *reports: list[NonFiniteReport]) -> dict[str, np.ndarray]:
         """The model's state dict as NumPy arrays; with a delayed update still pending, as it will be once
-        applied (computed on a copy, so training continues exactly as it would have)."""
+        applied (computed on a copy, so training continues exactly as it would have).  ``reports``: every
+        worker's NaN/Inf reports of the pending step (a step they void is not applied)."""
         model = self.model
         pending = self._pending()
+        if pending is not None and voids_step(self.nonfinite, [r for rs in reports for r in rs]):
+            pending = None
         if pending is not None:
             saved = rng_state()
             model = self._model_fn()
@@ -278,6 +292,10 @@ class TrainWorker(StepSyncActor):
             "momentum": self.momentum_buffers(), "rng": rng_state(),
             "data": {"epoch": self.epoch, "index": self.index, "epoch_rng": self._epoch_rng},
             "pending_step": pending.step if pending is not None else None,
+            # what apply() of the pending step needs besides its results: this worker's NaN/Inf reports and
+            # the momentum-correction buffers from before the step (to void it)
+            "pending_nonfinite": [asdict(r) for r in pending.nonfinite] if pending is not None else [],
+            "pending_momentum": pending.momentum if pending is not None else None,
         }
         if include_model:
             state["model"] = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
@@ -314,6 +332,9 @@ class TrainWorker(StepSyncActor):
             self._steps.clear()
             if state.get("pending_results") is not None:
                 results = {b: np.array(v, dtype=np.float32, copy=True) for b, v in state["pending_results"].items()}
-                self._steps[state["pending_step"]] = StepState(state["pending_step"], False, {}, {}, finished=True,
-                                                               results=results)
+                momentum = state.get("pending_momentum")
+                self._steps[state["pending_step"]] = StepState(
+                    state["pending_step"], False, {}, {}, finished=True, results=results,
+                    nonfinite=[NonFiniteReport(**r) for r in state.get("pending_nonfinite", [])],
+                    momentum=None if momentum is None else {k: np.array(v, np.float32) for k, v in momentum.items()})
         return self.param_hash()

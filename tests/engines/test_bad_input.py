@@ -483,3 +483,15 @@ def test_plan_file_errors_are_value_errors(tmp_path):
     with pytest.raises(PlanFormatError, match="workers: missing") as info:
         casync.SyncPlan.load(str(path))
     assert isinstance(info.value, ValueError)
+
+
+def test_local_engine_run_flat_names_the_worker_of_a_non_mapping_or_an_extra_bucket():
+    plan = casync.build_plan(SHAPES, workers=2, codec="onebit")
+    engine = casync.LocalEngine(plan)
+    flats, _ = flatten_worker_grads(plan, _clean_grads(0))
+    bucket = plan.buckets[0].name
+    with pytest.raises(TypeError, match="worker 1: expected a mapping bucket->array, got list"):
+        engine.run_flat([flats[0], [flats[1][bucket]]])
+    with pytest.raises(ValueError, match=r"worker 0: unexpected bucket\(s\) \['nope'\] not in the plan"):
+        engine.run_flat([dict(flats[0], nope=np.zeros(3, np.float32)), flats[1]])
+    assert engine.step == 0 and len(engine.run_flat(flats)) == 2

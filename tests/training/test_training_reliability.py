@@ -258,3 +258,46 @@ def test_checkpoint_missing_corrupted_or_of_another_model(killed, tmp_path):
     (broken / "trainer.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="corrupted Trainer checkpoint.*KeyError"):
         casync.Trainer.load(broken, *fns)
+
+
+# -- NaN/Inf with delayed_update: the pending step across a checkpoint, and DGC momentum ----------------------
+def delayed_trainer(mode, **kw):
+    return casync.Trainer(SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")), workers=2,
+                          codec="onebit", nonfinite=mode, progress=False, timeout_s=60, cpus_per_worker=CPUS,
+                          delayed_update=True, **kw)
+
+
+def test_delayed_skip_with_momentum_correction_voids_cleanly_across_a_checkpoint(ray_local, tmp_path):
+    """Step 2 (worker 1's NaN) is in flight when the checkpoint is taken: the resumed trainer must still skip
+    it (its NaN/Inf reports travel with the checkpoint), and the NaN must not stay in worker 1's DGC momentum
+    (which would void every later step)."""
+    path = tmp_path / "ckpt"
+    with delayed_trainer("skip", momentum_correction=0.9) as first:
+        head = first.fit(steps=3)  # step 2's update is in flight
+        assert [(r.step, r.skipped) for r in head] == [(0, False), (1, False), (2, True)]
+        assert all(torch.isfinite(v).all() for v in first.model().state_dict().values())  # it will be skipped
+        first.save(path)
+        tail = first.fit(steps=3)
+        # step 3 started from step 2's momentum, so it is voided too; then training goes on
+        assert [(r.step, r.skipped) for r in tail] == [(3, True), (4, False), (5, False)]
+        assert all(np.isfinite(v).all() for m in first._engine.call("momentum_buffers") for v in m.values())
+        expected = params_of(first)
+    assert all(torch.isfinite(v).all() for v in expected.values())
+    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")),
+                             progress=False) as second:
+        resumed = second.fit(steps=3)
+        got = params_of(second)
+    assert [(r.step, r.skipped, r.loss) for r in resumed] == [(r.step, r.skipped, r.loss) for r in tail]
+    for k in expected:
+        assert torch.equal(expected[k], got[k]), k
+
+
+def test_delayed_raise_still_raises_for_the_pending_step_after_a_resume(ray_local, tmp_path):
+    path = tmp_path / "ckpt"
+    with delayed_trainer("raise") as first:
+        first.fit(steps=3)
+        first.save(path)
+    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")),
+                             progress=False) as second:
+        with pytest.raises(casync.NonFiniteGradientError, match="step 2: .*worker 1, tensor '3.bias': 10 NaN"):
+            second.fit(steps=1)
