@@ -91,22 +91,7 @@ def _strategy_cell(r: Row) -> str:
 
 
 def _codec_cell(r: Row) -> str:
-    if r.system == "baseline":
-        return r.codec
-    if r.system == "hook":
-        return codec_label(r.codec)
-    if split_transport(r.strategy)[0] == "auto" and r.plan:
-        used = sorted({f"{p['strategy']}/{codec_label(_spec(p['codec']))}" for p in r.plan})
-        return f"{codec_label(r.codec)} → " + ", ".join(used)
-    return codec_label(r.codec)
-
-
-def _spec(codec_str: str) -> str:
-    """``topk(ratio=0.01)`` (a Codec's str) -> ``topk:ratio=0.01`` (a spec codec_label reads)."""
-    if "(" not in codec_str:
-        return codec_str
-    name, params = codec_str[:-1].split("(", 1)
-    return f"{name}:{params}"
+    return r.codec if r.system == "baseline" else r.codec_cell
 
 
 def summary_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:

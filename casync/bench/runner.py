@@ -62,11 +62,28 @@ class Row:
         if self.system == "hook":
             label, codec = parse_hook_variant(self.strategy)
             return f"DDP + casync hook {label} / {codec_label(codec)}"
-        return f"{self.strategy} / {codec_label(self.codec)}"
+        return f"{self.strategy} / {self.codec_cell}"
+
+    @property
+    def codec_cell(self) -> str:
+        """The codec; for an ``auto`` row also what the planner chose per bucket (it may send all uncompressed)."""
+        label = codec_label(self.codec)
+        if self.system == "casync" and split_transport(self.strategy)[0] == "auto" and self.plan:
+            used = sorted({f"{p['strategy']}/{codec_label(_spec(p['codec']))}" for p in self.plan})
+            return f"{label} → " + ", ".join(used)
+        return label
 
     @property
     def ok(self) -> bool:
         return self.error is None and math.isfinite(self.sync_s)
+
+
+def _spec(codec_str: str) -> str:
+    """``topk(ratio=0.01)`` (a Codec's str) -> ``topk:ratio=0.01`` (a spec codec_label reads)."""
+    if "(" not in codec_str:
+        return codec_str
+    name, params = codec_str[:-1].split("(", 1)
+    return f"{name}:{params}"
 
 
 @dataclass

@@ -151,6 +151,21 @@ def test_markdown_table_lists_every_row(bench_run):
     assert text.count(" *") >= 1  # the best casync configuration is marked
 
 
+def test_the_summary_says_what_the_planner_chose_when_auto_is_fastest():
+    """"auto / onebit" read as a onebit plan where the planner had sent every bucket uncompressed."""
+    from casync.bench.report import summary_table
+    from casync.bench.runner import BenchResult, Row
+
+    rows = [Row("resnet50", 4, "baseline", "gloo-bucket", "none", sync_s=0.18),
+            Row("resnet50", 4, "casync", "ring", "onebit", sync_s=0.15),
+            Row("resnet50", 4, "casync", "auto", "onebit", sync_s=0.08,
+                plan=[{"strategy": "ps", "codec": "none"}, {"strategy": "ps", "codec": "none"}])]
+    result = BenchResult(setup=None, grid=None, rows=rows, sim_rows=[], machine={}, command="", seconds=0, iters=1,
+                         warmup=0)
+    _, body = summary_table(result)
+    assert body[0][2] == "auto / onebit → ps/none" and body[0][5] == 2.25
+
+
 def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_path, monkeypatch):
     """``--compute-threads N``: each RayEngine of the measured rows and of the head to head runs N ops per actor
     at once, the rows are predicted with N compute lanes per actor, and the DDP hook's ranks run N too."""
