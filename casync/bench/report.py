@@ -17,8 +17,9 @@ from .runner import BenchResult, Row
 
 MEASURED_DEFINITION = (
     "**sync** = median over the timed iterations of one synchronization's span over all workers: casync, from "
-    "the first op of any worker (gradients already loaded into the worker actors) to the last op of any worker "
-    "(RayEngine's timeline); gloo, every rank passes a barrier and the span runs from the earliest rank's first "
+    "the first worker actor's start of the step (gradients already in the actors as zero-copy views; its NaN/Inf "
+    "scan of them and the posting of its receives included) to the last op of any worker (RayEngine's "
+    "timeline); gloo, every rank passes a barrier and the span runs from the earliest rank's first "
     "all_reduce call to the latest rank's last division; DDP, from the earliest rank's first bucket hook call "
     "to the latest rank's last bucket's reduced gradient (compression, decompression and error feedback of "
     "the hooks included). **×gloo** = the gloo all_reduce (25 MiB buckets) sync divided by this row's; "
@@ -234,7 +235,7 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
     if tables:
         L += ["## Simulated grid", "",
               "Predicted sync time (ms) of the same strategies and codecs on ClusterModel(nodes=N, "
-              "workers_per_node=1, bandwidth as given, latency 50 us) with the packaged profile: the full "
+              f"workers_per_node=1, bandwidth as given, latency 50 us) with {result.sim_predicted_with}: the full "
               "plan's simulation (computed from its compact template where that is exact); `*` marks the best "
               "of each column.", ""]
         for model, (headers, body) in tables.items():

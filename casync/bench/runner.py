@@ -119,6 +119,7 @@ class BenchResult:
     plans: dict[tuple, Any] = field(default_factory=dict, repr=False)    # (model, N, strategy, codec) -> plan
     measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
     predicted_with: str = "the packaged profile (ideal runtime)"  # what the measured rows' predictions used
+    sim_predicted_with: str = "the packaged profile"  # what the simulated grid's predictions used
     profile: Profile | None = field(default=None, repr=False)  # that profile (None: the packaged one)
 
     @property
@@ -141,7 +142,7 @@ class BenchResult:
                 "seconds": self.seconds, "iters": self.iters, "warmup": self.warmup,
                 "rows": [dict(asdict(r), label=r.label) for r in self.rows],
                 "simulated": [asdict(r) for r in self.sim_rows], "head_to_head": self.head_to_head,
-                "predicted_with": self.predicted_with,
+                "predicted_with": self.predicted_with, "sim_predicted_with": self.sim_predicted_with,
                 "timelines": self.timelines}
 
 
@@ -220,6 +221,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
     if profile is not None:
         result.predicted_with = (f"the profile {profile_source or '(given)'}"
                                  + (", its Ray runtime calibrated on this machine" if profile.runtime else ""))
+        result.sim_predicted_with = (f"the micro-benchmark costs of the profile {profile_source or '(given)'} "
+                                     "(its runtime left out: the ideal runtime)")
     sim_profile = profile.with_runtime(None) if profile is not None else None
     try:
         # 1. baselines and the DDP hook rows: real gloo processes, before this process starts or joins Ray
