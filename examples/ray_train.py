@@ -79,6 +79,11 @@ def train_loop(config: dict[str, Any]) -> None:
                 ray.train.report(metrics)
 
 
+def _absolute(path: str | None) -> str | None:
+    """A local path made absolute (URIs such as ``s3://...`` as given)."""
+    return path if not path or "://" in path else os.path.abspath(path)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
@@ -90,19 +95,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--storage", default=None, help="where Ray Train keeps runs (default: a temporary directory)")
     p.add_argument("--address", default=None, help="a Ray cluster to join (default: an embedded local Ray)")
     args = p.parse_args(argv)
+    # Ray Train reads these as URIs (pyarrow): a relative local path would fail inside the workers
+    resume, storage = (_absolute(x) for x in (args.resume, args.storage))
 
-    import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    if not ray.is_initialized():
-        ray.init(address=args.address, num_cpus=None if args.address else max(4, args.workers + 1),
-                 include_dashboard=False, log_to_driver=True, configure_logging=False)
-    storage = args.storage or tempfile.mkdtemp(prefix="casync-ray-train-")
+    from casync.runtime.ray_layer import connect_ray
+
+    # joins --address, or reuses a Ray this process started, or starts one bound to 127.0.0.1 (docs/cluster.md)
+    connect_ray(args.address, num_cpus=None if args.address else max(4, args.workers + 1))
+    storage = storage or tempfile.mkdtemp(prefix="casync-ray-train-")
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"strategy": args.strategy, "codec": args.codec, "epochs": args.epochs,
-                           "steps": args.steps, "resume": args.resume},
+                           "steps": args.steps, "resume": resume},
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
         run_config=RunConfig(storage_path=storage, name="casync_ray_train"),
     )

@@ -78,6 +78,7 @@ def main() -> None:
     x, y = make_data(seed=1 + rank)
     x, y = x.to(device), y.to(device)
     begin = time.perf_counter()
+    loss = None  # stays None when the checkpoint is already at --steps: nothing left to train
     for step in range(start, args.steps):
         index = torch.randint(0, len(x), (args.batch,), generator=torch.Generator().manual_seed(step * 1000 + rank))
         optimizer.zero_grad()
@@ -96,8 +97,9 @@ def main() -> None:
         accuracy = (model(x).argmax(1) == y).float().mean().item()
     if rank == 0:
         stats = state.session.stats if state.session else {}
-        print(f"done: {world} ranks, {args.strategy}/{args.codec}, {args.steps - start} steps in "
-              f"{time.perf_counter() - begin:.1f}s; last loss {loss.item():.4f}, accuracy {accuracy:.3f}; "
+        last = "none" if loss is None else f"{loss.item():.4f}"
+        print(f"done: {world} ranks, {args.strategy}/{args.codec}, {max(args.steps - start, 0)} steps in "
+              f"{time.perf_counter() - begin:.1f}s; last loss {last}, accuracy {accuracy:.3f}; "
               f"bytes sent per step by rank 0: {stats.get('sent_bytes', 0):,} of {stats.get('raw_bytes', 0):,} raw; "
               f"parameters crc {checksum(model.module)}", flush=True)
     dist.destroy_process_group()

@@ -38,15 +38,20 @@ def test_torchrun_example_trains_and_resumes_exactly(tmp_path):
     resumed = _torchrun("--codec", "onebit", "--steps", "40", "--checkpoint", ckpt, "--resume")
     crc = re.compile(r"parameters crc ([0-9a-f]{8})")
     assert crc.search(resumed).group(1) == crc.search(straight).group(1), resumed
+    # a checkpoint already at --steps: nothing left to train, the script still ends with its summary
+    done = _torchrun("--codec", "onebit", "--steps", "20", "--checkpoint", ckpt, "--resume")
+    assert "0 steps in" in done and "last loss none" in done, done
 
 
 DRIVER = """
 import glob, json, runpy, sys
 example = runpy.run_path(sys.argv[1], run_name="ray_train_example")  # functions pickled by value for the workers
-storage = sys.argv[2]
-first = example["main"](["--epochs", "2", "--steps", "8", "--storage", storage + "/a"])
-epoch1 = sorted(glob.glob(storage + "/a/casync_ray_train/checkpoint_*"))[0]
-second = example["main"](["--epochs", "2", "--steps", "8", "--storage", storage + "/b", "--resume", epoch1])
+# relative paths, as a user types them (run in the test's directory): Ray Train needs them made absolute
+first = example["main"](["--epochs", "2", "--steps", "8", "--storage", "a"])
+epoch1 = sorted(glob.glob("a/casync_ray_train/checkpoint_*"))[0]
+second = example["main"](["--epochs", "2", "--steps", "8", "--storage", "b", "--resume", epoch1])
+import ray
+print("GCS", ray.get_runtime_context().gcs_address)
 print("RESULT", json.dumps([first["metrics"], second["metrics"]]))
 """
 
@@ -54,8 +59,8 @@ print("RESULT", json.dumps([first["metrics"], second["metrics"]]))
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_train_example_runs_and_resumes_exactly(tmp_path):
-    run = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "examples" / "ray_train.py"), str(tmp_path)],
-                         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=540)
+    run = subprocess.run([sys.executable, "-c", DRIVER, str(ROOT / "examples" / "ray_train.py")],
+                         capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=540)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
     import json
 
@@ -63,6 +68,7 @@ def test_ray_train_example_runs_and_resumes_exactly(tmp_path):
     assert first["epoch"] == second["epoch"] == 2
     assert first["crc"] == second["crc"]  # resumed from epoch 1's checkpoint: the same parameters, bit for bit
     assert 0 < first["sent_bytes"]
+    assert "GCS 127.0.0.1:" in run.stdout  # the embedded Ray is bound to loopback, as RayEngine's (docs/cluster.md)
 
 
 SPAWNED = r"""
