@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -164,8 +165,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     for flag, value in (("--steps", args.steps), ("--epochs", args.epochs)):
         if value is not None and value < 0:  # refused before Ray starts (Trainer.fit would, once it has)
             raise ValueError(f"{flag} must be >= 0, got {value}")
-    fns = (DigitsMLP.named(args.model), SGD(lr=args.lr, momentum=args.momentum), cross_entropy,
-           DigitsData(batch_size=args.batch_size, seed=args.seed))
+    settings = _train_settings(args)
+    fns = (DigitsMLP.named(settings["model"]), SGD(lr=settings["lr"], momentum=settings["momentum"]), cross_entropy,
+           DigitsData(batch_size=settings["batch_size"], seed=settings["seed"]))
     progress = not args.no_progress
     if args.resume:
         runtime = {} if args.compute_threads is None else {"compute_threads": args.compute_threads}  # not in results
@@ -173,7 +175,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         extra = {} if args.bucket_bytes is None else {"bucket_bytes": args.bucket_bytes}
         trainer = Trainer(*fns, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
-                          address=args.address, seed=args.seed, error_feedback=False if args.no_error_feedback else "auto",
+                          address=args.address, seed=settings["seed"], error_feedback=False if args.no_error_feedback else "auto",
                           momentum_correction=args.momentum_correction, delayed_update=args.delayed_update,
                           full_sync_every=args.full_sync_every, warmup_steps=args.warmup_steps, progress=progress,
                           compute_threads=1 if args.compute_threads is None else args.compute_threads, **extra)
@@ -200,8 +202,32 @@ def cmd_train(args: argparse.Namespace) -> int:
             trainer.draw_timeline(str(out / "timeline.png"), step=trainer.step - 1 if history else None)
             print(f"wrote {out / 'history.csv'}, {out / 'history.json'} and {out / 'timeline.png'}")
         if args.checkpoint:
-            print(f"checkpoint: {trainer.save(args.checkpoint)}")
+            saved = trainer.save(args.checkpoint)
+            (Path(saved) / TRAIN_SETTINGS_FILE).write_text(json.dumps(settings, indent=1))
+            print(f"checkpoint: {saved}")
     return 0
+
+
+#: what `casync train` builds its model, optimizer and data from, with their defaults; saved beside a checkpoint
+TRAIN_SETTINGS = {"model": "mlp", "batch_size": 32, "lr": 0.2, "momentum": 0.0, "seed": 0}
+TRAIN_SETTINGS_FILE = "casync_train.json"
+
+
+def _train_settings(args: argparse.Namespace) -> dict:
+    """The model, data and optimizer settings of this run: with ``--resume``, the checkpoint's (a flag that
+    contradicts them is refused: the run would silently change its batches or be overridden by the optimizer's
+    saved state); otherwise the flags, or their defaults."""
+    saved: dict = {}
+    if args.resume and (Path(args.resume) / TRAIN_SETTINGS_FILE).is_file():
+        saved = json.loads((Path(args.resume) / TRAIN_SETTINGS_FILE).read_text())
+    settings = {}
+    for key, default in TRAIN_SETTINGS.items():
+        given = getattr(args, key)
+        if key in saved and given is not None and given != saved[key]:
+            raise ValueError(f"--{key.replace('_', '-')} {given}: the checkpoint {args.resume} was trained with "
+                             f"{saved[key]!r}, and a resumed run keeps its settings (leave the flag out)")
+        settings[key] = saved.get(key, default if given is None else given)
+    return settings
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -297,16 +323,16 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_profile)
 
     t = sub.add_parser("train", help="data-parallel training of an MLP on scikit-learn's digits through casync")
-    t.add_argument("--model", default="mlp", help="mlp (64-2048-2048-10) | mlp-deep (64-1024x4-10)")
+    t.add_argument("--model", default=None, help="mlp (64-2048-2048-10, the default) | mlp-deep (64-1024x4-10)")
     t.add_argument("--workers", type=int, default=4)
     t.add_argument("--strategy", default="ring", help=" | ".join(available_strategies()))
     t.add_argument("--codec", default="onebit", help="codec name, optionally with params: topk:ratio=0.01")
     length = t.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, default=None, help="default: 100")
     length.add_argument("--epochs", type=int, default=None)
-    t.add_argument("--batch-size", type=int, default=32, help="per worker")
-    t.add_argument("--lr", type=float, default=0.2)
-    t.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (in the optimizer)")
+    t.add_argument("--batch-size", type=int, default=None, help="per worker (default 32)")
+    t.add_argument("--lr", type=float, default=None, help="default 0.2")
+    t.add_argument("--momentum", type=float, default=None, help="SGD momentum (in the optimizer; default 0)")
     t.add_argument("--momentum-correction", type=float, default=None,
                    help="DGC: per-worker momentum before compression, instead of --momentum")
     t.add_argument("--warmup-steps", type=int, default=0, help="DGC sparsity warm-up (sparse codecs)")
@@ -317,11 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compute-threads", type=int, default=None,
                    help="sync ops each worker runs at once: more where every worker has cores of its own (default 1; "
                         "with --resume, the checkpoint's unless given)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=None, help="default 0")
     t.add_argument("--address", default=None, help="Ray cluster address; default: embedded local Ray")
     t.add_argument("--out", default=None, help="directory for history.csv/json and timeline.png")
     t.add_argument("--checkpoint", default=None, help="save a checkpoint directory here at the end")
-    t.add_argument("--resume", default=None, help="continue from this checkpoint (its settings win)")
+    t.add_argument("--resume", default=None, help="continue from this checkpoint (its settings win; a model, "
+                   "data or optimizer flag that contradicts them is refused)")
     t.add_argument("--no-progress", action="store_true")
     t.set_defaults(func=cmd_train)
 
@@ -340,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (`casync plan --table | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush would fail again
+        return 141  # 128 + SIGPIPE
     except (ValueError, TypeError, KeyError, OSError) as exc:  # bad input, a missing file: one line, no traceback
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"casync: error: {message}", file=sys.stderr)

@@ -103,3 +103,16 @@ def test_profile_refuses_an_unusable_out_before_measuring(tmp_path, capsys):
     started = time.monotonic()
     assert main(["profile", "--no-progress", "--no-transfer", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err and time.monotonic() - started < 5
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`casync plan --table | head -1` printed "casync: error: [Errno 32] Broken pipe" and exited 2."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "casync", "plan", "--model", "resnet50", "--workers", "16",
+                             "--table"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"SyncPlan:")
+    proc.stdout.close()  # far more than a pipe's buffer is still to come
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b"", err

@@ -497,7 +497,8 @@ def test_cli_train_end_to_end(ray_local, tmp_path, capsys):
 
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     assert main(["train", "--model", "mlp", "--workers", "2", "--codec", "onebit", "--strategy", "ring", "--steps",
-                 "3", "--out", str(out), "--checkpoint", str(ckpt), "--no-progress", "--compute-threads", "2"]) == 0
+                 "3", "--out", str(out), "--checkpoint", str(ckpt), "--no-progress", "--compute-threads", "2",
+                 "--batch-size", "16"]) == 0
     text = capsys.readouterr().out
     assert "trained 3 steps (to step 3) on 2 workers: held-out accuracy" in text and "hidden behind backward" in text
     assert "of CPU per worker and step" in text
@@ -507,8 +508,13 @@ def test_cli_train_end_to_end(ray_local, tmp_path, capsys):
     assert read_checkpoint(ckpt).config["options"]["compute_threads"] == 2
     again = tmp_path / "again"  # a resumed run keeps the checkpoint's settings, but threads change no result
     assert main(["train", "--resume", str(ckpt), "--steps", "1", "--checkpoint", str(again), "--no-progress",
-                 "--compute-threads", "1"]) == 0
+                 "--compute-threads", "1", "--out", str(tmp_path / "again_out")]) == 0
     assert read_checkpoint(again).step == 4 and read_checkpoint(again).config["options"]["compute_threads"] == 1
+    # the resumed run's batches are the checkpoint's (16 per worker), not the flag's default (32)
+    assert History.from_json(tmp_path / "again_out" / "history.json").column("samples") == [32]
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ckpt), "--steps", "1", "--batch-size", "8", "--no-progress"]) == 2
+    assert "--batch-size 8: the checkpoint" in capsys.readouterr().err
     assert main(["train", "--model", "nope", "--steps", "1"]) == 2
     assert "unknown digits model 'nope'" in capsys.readouterr().err
     assert main(["train", "--steps", "1", "--compute-threads", "0", "--no-progress"]) == 2
