@@ -427,6 +427,10 @@ class Trainer:
         ck = read_checkpoint(path)
         _check_same_model(path, ck.model, model_fn)
         config = ck.config
+        missing = [key for key in config.get("not_saved", []) if key not in overrides]
+        if missing:  # re-planning without them would build another plan, and fail later on its residuals
+            raise ValueError(f"{path}: the saved trainer's plan was built with {', '.join(f'{k}=' for k in missing)}, "
+                             "which a checkpoint does not hold; pass the same to Trainer.load again")
         kwargs = dict(config["options"], workers=config["workers"], strategy=config["strategy"],
                       codec=_codec_from_json(config["codec"]), **config["plan_options"])
         kwargs.update(overrides)

@@ -535,3 +535,20 @@ def test_data_that_cannot_be_iterated_twice_is_reported(ray_local):
             trainer.fit(steps=1)
     finally:
         trainer.close()
+
+
+def test_a_planned_trainer_resumes_only_with_the_cluster_it_was_planned_for(ray_local, tmp_path):
+    """strategy="auto" with a cluster=: the checkpoint cannot hold the ClusterModel, and loading without it
+    re-planned for the default cluster and failed later on a residual the other plan does not use."""
+    cluster = casync.ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=1.0)
+    with small_trainer(strategy="auto", cluster=cluster) as first:
+        first.fit(steps=2)
+        path = first.save(tmp_path / "ckpt")
+        first.fit(steps=1)
+        expected = params_of(first)
+    with pytest.raises(ValueError, match=r"plan was built with cluster=, which a checkpoint does not hold"):
+        casync.Trainer.load(path, SMALL, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=128), progress=False)
+    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=128), progress=False,
+                             cluster=cluster) as second:
+        second.fit(steps=1)
+        assert_same_params(expected, params_of(second))
