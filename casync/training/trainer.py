@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -23,6 +22,7 @@ from ..plan.assemble import BucketChoice, assemble_plan
 from ..plan.build import build_plan
 from ..plan.syncplan import SyncPlan
 from .checkpoint import read_checkpoint, write_checkpoint
+from .config import codec_from_json, codec_to_json, options_from_json, options_to_json
 from .engine import StepRefs, TrainEngine
 from .options import TRAIN_BUCKET_BYTES, TrainOptions
 from .records import History, StepRecord
@@ -40,23 +40,6 @@ def lossless_twin(plan: SyncPlan) -> SyncPlan:
             a.partitions != b.partitions for a, b in zip(twin.buckets, plan.buckets)):
         raise ValueError("full_sync_every: the uncompressed twin of this plan has a different structure")
     return twin
-
-
-def _codec_to_json(codec: Any) -> Any:
-    if codec is None or isinstance(codec, str):
-        return codec
-    if isinstance(codec, list):
-        return [_codec_to_json(c) for c in codec]
-    name, params = get_codec(codec).spec()
-    return {"name": name, "params": params}
-
-
-def _codec_from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        return (value["name"], value["params"])
-    if isinstance(value, list):
-        return [_codec_from_json(v) for v in value]
-    return value
 
 
 def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
@@ -187,16 +170,10 @@ class Trainer:
         return {}
 
     def _json_config(self, workers: int, strategy: Any, codec: Any, plan_options: dict[str, Any]) -> dict[str, Any]:
-        """What ``load`` needs to rebuild this trainer; options that are not JSON (a ClusterModel, a Profile)
-        are left out and must be passed to ``load`` again."""
-        kept, dropped = {}, []
-        for key, value in plan_options.items():
-            try:
-                json.dumps(value)
-                kept[key] = value
-            except TypeError:
-                dropped.append(key)
-        return {"workers": workers, "strategy": strategy, "codec": _codec_to_json(codec), "plan_options": kept,
+        """What ``load`` needs to rebuild this trainer (a ClusterModel or Profile saved as a dict); options that
+        are not JSON otherwise are left out and must be passed to ``load`` again."""
+        kept, dropped = options_to_json(plan_options)
+        return {"workers": workers, "strategy": strategy, "codec": codec_to_json(codec), "plan_options": kept,
                 "not_saved": dropped, "options": self.options.to_dict()}
 
     # -- training --------------------------------------------------------------------------------
@@ -423,7 +400,8 @@ class Trainer:
              data_fn: Callable, **overrides: Any) -> "Trainer":
         """A trainer restored from :meth:`save`: continuing it gives what continuing the saved one would have
         (bit-identical under the deterministic settings).  ``overrides``: constructor arguments to change
-        (``address``, ``progress``, ``timeout_s``; planner inputs that were not saved)."""
+        (``address``, ``progress``, ``timeout_s``; planner inputs a checkpoint cannot hold: not JSON, nor a
+        ClusterModel or Profile)."""
         ck = read_checkpoint(path)
         _check_same_model(path, ck.model, model_fn)
         config = ck.config
@@ -432,7 +410,7 @@ class Trainer:
             raise ValueError(f"{path}: the saved trainer's plan was built with {', '.join(f'{k}=' for k in missing)}, "
                              "which a checkpoint does not hold; pass the same to Trainer.load again")
         kwargs = dict(config["options"], workers=config["workers"], strategy=config["strategy"],
-                      codec=_codec_from_json(config["codec"]), **config["plan_options"])
+                      codec=codec_from_json(config["codec"]), **options_from_json(config["plan_options"], str(path)))
         kwargs.update(overrides)
         trainer = cls(model_fn, optimizer_fn, loss_fn, data_fn, **kwargs)
         try:

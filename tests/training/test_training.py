@@ -537,18 +537,35 @@ def test_data_that_cannot_be_iterated_twice_is_reported(ray_local):
         trainer.close()
 
 
-def test_a_planned_trainer_resumes_only_with_the_cluster_it_was_planned_for(ray_local, tmp_path):
-    """strategy="auto" with a cluster=: the checkpoint cannot hold the ClusterModel, and loading without it
-    re-planned for the default cluster and failed later on a residual the other plan does not use."""
+def test_a_planned_trainer_resumes_with_the_cluster_and_profile_it_was_planned_for(ray_local, tmp_path):
+    """strategy="auto" with cluster= and profile=: the checkpoint holds both, and Trainer.load rebuilds the same
+    plan without them (it re-planned for the default cluster and failed on a residual the other plan lacks)."""
+    from casync.sim.costmodel import Profile
+
     cluster = casync.ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=1.0)
-    with small_trainer(strategy="auto", cluster=cluster) as first:
+    profile = Profile.default()
+    with small_trainer(strategy="auto", cluster=cluster, profile=profile) as first:
         first.fit(steps=2)
         path = first.save(tmp_path / "ckpt")
         first.fit(steps=1)
-        expected = params_of(first)
-    with pytest.raises(ValueError, match=r"plan was built with cluster=, which a checkpoint does not hold"):
-        casync.Trainer.load(path, SMALL, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=128), progress=False)
-    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=128), progress=False,
-                             cluster=cluster) as second:
+        expected, buckets = params_of(first), first.plan.to_dict()["buckets"]
+    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=128),
+                             progress=False) as second:
+        assert second.plan.to_dict()["buckets"] == buckets  # the planner's choices, not its timings
         second.fit(steps=1)
         assert_same_params(expected, params_of(second))
+
+
+def test_plan_options_round_trip_through_a_checkpoint_config():
+    from casync.sim.costmodel import Profile
+    from casync.training.config import options_from_json, options_to_json
+
+    cluster, profile = casync.ClusterModel(nodes=2, workers_per_node=2, host_cores=2), Profile.default()
+    kept, dropped = options_to_json({"cluster": cluster, "profile": profile, "ready_times": {"w": 0.5},
+                                     "odd": object()})
+    assert dropped == ["odd"]
+    back = options_from_json(json.loads(json.dumps(kept)), "ckpt")
+    assert back["cluster"] == cluster and back["ready_times"] == {"w": 0.5}
+    assert back["profile"].to_dict() == profile.to_dict()
+    with pytest.raises(ValueError, match="unknown saved type 'Blob'"):
+        options_from_json({"x": {"__casync_type__": "Blob", "value": {}}}, "ckpt")
