@@ -337,16 +337,14 @@ class ActorGroup:
         self.handles = {}
 
     def __del__(self) -> None:
-        """Best effort for a forgotten engine that joined a running Ray: free its actors.  One that started
-        Ray does not stop it from a finalizer (unsafe at interpreter exit; Ray goes with the process)."""
+        """Best effort for a forgotten engine: free its actors, unless it would be the one to stop Ray (unsafe
+        from a finalizer at interpreter exit; Ray goes with the process).  ``close`` stops Ray only for the last
+        engine holding a Ray one of them started."""
         try:
             if self.closed or not ray.is_initialized():
                 return
-            if not self.owns_ray:
+            others_hold_it = _SHARED_RAY["holders"] > 1 and _SHARED_RAY["session"] == _session_key()
+            if not self.owns_ray or others_hold_it:
                 self.close()
-            elif _SHARED_RAY["holders"] > 1 and _SHARED_RAY["session"] == _session_key():  # others still use it
-                self.closed = True
-                release(self.handles.values(), self.pg, False)
-                _unhold_ray()
         except Exception:
             pass

@@ -39,7 +39,7 @@ from ..errors import SyncError
 from .group import as_sync_error
 from .plans import plan_for_buckets
 from .runner import Background, StepOutcome
-from .state import CasyncState
+from .state import CasyncState, plan_mismatch
 
 
 def _host_flat(buffer: torch.Tensor) -> np.ndarray:
@@ -247,10 +247,7 @@ class HookSession:
             extra = [n for n in names if n not in self.where]
             if extra:
                 self.current = None
-                raise state.fail(ValueError(
-                    "the casync plan (from the checkpoint) does not fit this model's gradients: parameters synced by "
-                    f"DDP now but not in the plan: {extra[:5]}. Resume with the same model (and requires_grad flags), "
-                    "or leave casync's state out"))
+                raise state.fail(plan_mismatch([f"parameters synced by DDP now but not in the plan: {extra[:5]}"]))
         entry = _Entry(torch.futures.Future(), buffer, names, offsets)
         with ctx.lock:
             ctx.entries.append(entry)
@@ -280,10 +277,7 @@ class HookSession:
             self.current = None
             if self.unseen:  # frozen since DDP was built, yet not in DDP's buckets: the plan waits for them
                 missing, self.unseen = sorted(self.unseen), None
-                raise state.fail(ValueError(
-                    "the casync plan (from the checkpoint) does not fit this model's gradients: parameters in the "
-                    f"plan but not synced by DDP now: {missing[:5]}. Resume with the same model (and requires_grad "
-                    "flags), or leave casync's state out"))
+                raise state.fail(plan_mismatch([f"parameters in the plan but not synced by DDP now: {missing[:5]}"]))
             self.unseen = None
             try:
                 ctx.background.result(2 * state.timeout_s + 30)

@@ -27,6 +27,13 @@ STATE_FORMAT = "casync.torch"
 STATE_VERSION = 1
 
 
+def plan_mismatch(differences: list[str]) -> ValueError:
+    """The error for a plan (a checkpoint's) that does not sync the parameters DDP or the optimizer hands over."""
+    return ValueError("the casync plan (from the checkpoint) does not fit this model's gradients: "
+                      + "; ".join(differences) + ". Resume with the same model (and requires_grad flags), or leave "
+                      "casync's state out")
+
+
 class SyncState:
     """casync's side of one training job on this rank (see the module docstring)."""
 
@@ -182,13 +189,11 @@ class SyncState:
         missing = sorted(set(plan_shapes) - set(params))
         extra = sorted(set(params) - set(plan_shapes))
         shape = sorted(n for n in set(plan_shapes) & set(params) if plan_shapes[n] != params[n])
-        raise ValueError("the casync plan (from the checkpoint) does not fit this model's gradients: "
-                         + "; ".join(s for s in (
-                             f"parameters in the plan but not synced now: {missing[:5]}" if missing else "",
-                             f"parameters synced now but not in the plan: {extra[:5]}" if extra else "",
-                             "other shapes: " + ", ".join(f"{n} {plan_shapes[n]} -> {params[n]}" for n in shape[:5])
-                             if shape else "") if s)
-                         + ". Resume with the same model (and requires_grad flags), or leave casync's state out")
+        raise plan_mismatch([s for s in (
+            f"parameters in the plan but not synced now: {missing[:5]}" if missing else "",
+            f"parameters synced now but not in the plan: {extra[:5]}" if extra else "",
+            "other shapes: " + ", ".join(f"{n} {plan_shapes[n]} -> {params[n]}" for n in shape[:5]) if shape else "")
+            if s])
 
     def close(self) -> None:
         """Release shared memory (the state is unusable afterwards)."""
