@@ -2,8 +2,8 @@
 
 The gradients are made by a Ray task on each worker actor's own node (:class:`GradientStore`), so loading
 them into the actors never crosses a link; the sync time is the span of the engine's timeline, from the
-moment the first actor starts its step (its ``load`` row: the NaN/Inf scan of its gradient and the posting of
-its receives, work every sync pays; the gradients arrive as zero-copy views, nothing is copied) to the last op
+moment the first actor starts its step (its ``load`` row: the posting of its receives; the gradients arrive as
+zero-copy views, nothing is copied, and the NaN/Inf scan runs inside the ops that first read each partition) to the last op
 of any worker -- the engine's own synchronization, the counterpart of the baselines' all-reduce span
 (:func:`step_span`; :func:`sync_span` leaves the load rows out, as the calibration does).  ``wall_s`` is
 ``run_flat``'s wall time, which adds handing the gradients to the actors and fetching every worker's result
@@ -53,9 +53,10 @@ def step_span(rows: list[dict[str, Any]]) -> float:
     """The benchmark's sync time of one step: from the first actor's start of the step (its ``load`` row) to
     the last op's end over every actor.
 
-    The load row holds the actor's NaN/Inf scan of its gradient (about 0.4x a onebit encode, paid every
-    sync) and the posting of its receives; leaving it out (:func:`sync_span`) dropped that casync work from
-    casync's span while the baselines' spans and the DDP + casync hook rows include all of theirs."""
+    The load row holds the posting of the actor's receives (and, where the driver handed over gradients it
+    scanned, nothing more); the NaN/Inf scan runs inside the ops, so both spans count it.  Leaving the load row
+    out (:func:`sync_span`) would drop casync work from casync's span while the baselines' spans and the
+    DDP + casync hook rows include all of theirs."""
     ops = [r for r in rows if r["op"] != "load"]
     if not ops:
         raise ValueError("the timeline has no ops")

@@ -42,6 +42,7 @@ from primitives.merge import handed_to_encode, handed_to_merge
 from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
+from .nonfinite import GradientScan, NonFiniteReport
 from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
 
@@ -118,8 +119,12 @@ class RankExecutor:
 
     def __init__(self, share: ActorShare, codecs: Mapping[str, Codec], plan_seed: int,
                  partitions: Mapping[str, list[tuple[int, int]]], channel: Channel, timeout_s: float = 60.0,
-                 compute_threads: int = 1, overwritable: Collection[str] = ()):
+                 compute_threads: int = 1, overwritable: Collection[str] = (), scan: GradientScan | None = None):
         self.share = share
+        #: how to scan this worker's gradients for NaN/Inf inside the ops (see provide); None: never
+        self.scan = scan
+        #: what the scans of the last step found (NaN/Inf reports per tensor), set by finish()
+        self.nonfinite: list[NonFiniteReport] = []
         #: buckets whose results may be written over their gradient (casync.engines.in_place; see provide)
         self.overwritable = frozenset(overwritable)
         self.compute_threads = check_compute_threads(compute_threads, share.actor)
@@ -180,6 +185,10 @@ class RankExecutor:
             self._waiting[index] += 1  # its gradient
         self._grads: dict[str, np.ndarray] = {}
         self._flagged: set[tuple[str, int]] = set()
+        self._unscanned: set[tuple[str, int]] = set()  # partitions provided unscanned, no op has read yet
+        self._scanning: set[tuple[str, int]] = set()  # ... one op is scanning now
+        self._found: dict[str, list[tuple[int, Any]]] = {}  # bucket -> (partition start, GradientScan.check's)
+        self.nonfinite = []
         self._residuals = dict(residuals)
         reading = {id(r) for r in self._residuals.values()}
         self._spares = {k: v for k, v in (spares or {}).items() if id(v) not in reading}  # never one read now
@@ -242,7 +251,10 @@ class RankExecutor:
     def provide(self, bucket: str, flat: np.ndarray, flagged: set[tuple[str, int]] | None = None,
                 results_here: bool = False) -> None:
         """This actor's gradient of ``bucket`` (a flat float32 buffer, not modified); ``flagged``: its
-        (bucket, partition) pairs that hold NaN/Inf (the scan's), whose encodes carry them on the side.
+        (bucket, partition) pairs that hold NaN/Inf (the caller's scan), whose encodes carry them on the side.
+        With ``flagged`` None and a :attr:`scan`, the executor scans the bucket itself, each partition in the
+        first op that reads it (before that op uses it); :attr:`nonfinite` names what it found once the step
+        finishes.
 
         ``results_here``: write the bucket's results into ``flat`` itself, this step, each partition after the
         last read of its gradient (a DDP bucket buffer: no copy back).  Only for the buckets in
@@ -270,6 +282,8 @@ class RankExecutor:
                 self._results[bucket] = flat
             self._grads[bucket] = flat
             self._flagged |= set(flagged or ())
+            if flagged is None and self.scan is not None and bucket in self.scan.layouts:
+                self._unscanned.update((bucket, p) for p in range(len(self.partitions[bucket])))
             self._deadline = time.monotonic() + self.timeout_s  # progress: timeout_s counts from here again
             for index in self.share.local.get(bucket, ()):
                 self._arrived(index)
@@ -297,6 +311,8 @@ class RankExecutor:
                     raise SyncTimeoutError(f"{self.actor}: step {self._step}: {thread.name} still busy after "
                                            f"{self.timeout_s:.0f}s")
             self._raise_if_failed()
+            if self._found:
+                self.nonfinite = self.scan.reports(self._found)
             return self._results, self._residuals, self._records
         except BaseException as exc:
             self._fail(exc)
@@ -359,6 +375,8 @@ class RankExecutor:
         if a.get("local_input"):
             start, stop = self.partitions[a["bucket"]][a["part"]]
             local = self._grads[a["bucket"]][start:stop]
+            if (a["bucket"], a["part"]) in self._unscanned or self._scanning:
+                self._scan_partition(a["bucket"], a["part"], start, local)
         out = None
         if a.get("output"):  # decodes and merges write their slice of the result in place
             start, stop = self.partitions[a["bucket"]][a["part"]]
@@ -369,6 +387,29 @@ class RankExecutor:
         if out is not None and result is not out:
             out[...] = result
         return result
+
+    def _scan_partition(self, bucket: str, part: int, start: int, values: np.ndarray) -> None:
+        """Scan a partition provided unscanned, before the first op that reads it uses it (flagged if it holds
+        NaN/Inf, so that its encode carries them on the side); an op of another compute thread that reads the
+        same partition meanwhile waits for this scan instead of scanning it again."""
+        key = (bucket, part)
+        with self._cond:
+            if key not in self._unscanned:
+                while key in self._scanning:
+                    self._cond.wait(1.0)
+                return
+            self._unscanned.discard(key)
+            self._scanning.add(key)
+        found = None
+        try:
+            found = self.scan.check(values)
+        finally:
+            with self._cond:
+                if found is not None:
+                    self._found.setdefault(bucket, []).append((start, found))
+                    self._flagged.add(key)
+                self._scanning.discard(key)
+                self._cond.notify_all()
 
     def _send(self, op: Any) -> None:
         payload = self._values[op.inputs[0]]

@@ -10,7 +10,8 @@
   positions where they occurred (as an uncompressed all-reduce would put them).
 
 Detection is one pass per worker gradient (:func:`primitives.finite.all_finite`, about half the time of a
-onebit encode); :func:`scan_worker` names what it finds.  Inside a sync, payloads carry NaN/Inf on a side
+onebit encode); :func:`scan_worker` names what it finds, on the driver before a step, and an executor's
+:class:`GradientScan` partition by partition inside the ops, for gradients the driver never held.  Inside a sync, payloads carry NaN/Inf on a side
 channel (``primitives.finite``), so every codec delivers them exactly; merges propagate them as float
 arithmetic does; error-feedback residuals stay finite (zero where the value travelled exactly).
 """
@@ -66,14 +67,54 @@ def scan_worker(bucket_layouts: list[BucketLayout], worker: int, buffers: Mappin
         if flat is None or all_finite(flat):
             continue
         where = nonfinite_positions(flat)
-        nan = np.isnan(flat[where])
-        member = np.searchsorted(layout.tensor_stops, where, side="right")
-        for index in np.unique(member):
-            mask = member == index
-            n_nan = int(np.count_nonzero(nan[mask]))
-            reports.append(NonFiniteReport(worker, layout.tensors[index], n_nan, int(np.count_nonzero(mask)) - n_nan))
+        reports += name_nonfinite(layout, worker, where, np.isnan(flat[where]))
         parts.update((layout.name, int(p)) for p in np.unique(np.searchsorted(layout.part_stops, where, side="right")))
     return reports, parts
+
+
+def name_nonfinite(layout: BucketLayout, worker: int, where: np.ndarray, nan: np.ndarray) -> list[NonFiniteReport]:
+    """Reports per tensor of ``layout`` for the non-finite values at bucket offsets ``where`` (ascending),
+    ``nan`` telling which of them are NaN (the rest are Inf)."""
+    member = np.searchsorted(layout.tensor_stops, where, side="right")
+    reports = []
+    for index in np.unique(member):
+        mask = member == index
+        n_nan = int(np.count_nonzero(nan[mask]))
+        reports.append(NonFiniteReport(worker, layout.tensors[index], n_nan, int(np.count_nonzero(mask)) - n_nan))
+    return reports
+
+
+@dataclass(frozen=True)
+class GradientScan:
+    """What a worker's executor needs to scan its gradient partition by partition, inside the first op that
+    reads each one, instead of in one pass before the step starts: the scan then overlaps the step's
+    communication and is spread over the compute threads, and the first encode starts at once."""
+
+    worker: int
+    layouts: Mapping[str, BucketLayout]
+
+    @classmethod
+    def of(cls, worker: int, bucket_layouts: Any) -> "GradientScan":
+        return cls(worker, {layout.name: layout for layout in bucket_layouts})
+
+    @staticmethod
+    def check(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """None when ``values`` (a partition) are finite; else the positions of NaN/Inf in it and which are NaN."""
+        if all_finite(values):
+            return None
+        where = nonfinite_positions(values)
+        return where, np.isnan(values[where])
+
+    def reports(self, found: Mapping[str, list[tuple[int, tuple[np.ndarray, np.ndarray]]]]) -> list[NonFiniteReport]:
+        """Reports per tensor from what :meth:`check` found, by bucket: (the partition's start, its finding)
+        pairs; the same reports as :func:`scan_worker` of the whole gradient."""
+        reports: list[NonFiniteReport] = []
+        for name, layout in self.layouts.items():
+            pieces = sorted(found.get(name, ()), key=lambda piece: piece[0])
+            if pieces:
+                where = np.concatenate([start + w for start, (w, _) in pieces])
+                reports += name_nonfinite(layout, self.worker, where, np.concatenate([nan for _, (_, nan) in pieces]))
+        return reports
 
 
 class SyncOutput(list):

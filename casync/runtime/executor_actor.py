@@ -21,7 +21,7 @@ from primitives.ir import Actor
 
 from ..engines.executor import RankExecutor
 from ..engines.memory import keep_freed_memory
-from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
+from ..engines.nonfinite import BucketLayout, GradientScan, NonFiniteReport
 from ..schedule import ActorShare
 from .data_plane import DataPlaneMember
 from .shared_results import NoRoomError, SharedResults, room_for
@@ -67,8 +67,9 @@ class ExecutorActor(DataPlaneMember):
         self.spares: dict[str, np.ndarray] = {}  # residuals no longer held: a step writes its new ones there
 
     def _on_channel(self, channel: Any) -> None:
+        scan = GradientScan.of(self.actor.index, self.layouts) if self.actor.is_worker else None
         self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s,
-                                     compute_threads=self.compute_threads)
+                                     compute_threads=self.compute_threads, scan=scan)
         self.out = self.executor.new_result_buffers()
 
     # -- a step ------------------------------------------------------------------------------------------------
@@ -78,19 +79,17 @@ class ExecutorActor(DataPlaneMember):
         (None when they are in shared memory: :meth:`share_results`).
 
         ``flagged``: the (bucket, partition) pairs holding NaN/Inf as the driver's scan found them; None when
-        the driver has not seen the gradients (they came as an ObjectRef): then this actor scans them."""
+        the driver has not seen the gradients (they came as an ObjectRef): then this actor's ops scan them,
+        each partition as they first read it (``RankExecutor.scan``), and the step's reports come back."""
         start = time.time()
-        reports: list[NonFiniteReport] = []
         grads = grads or {}
-        if flagged is None and grads and self.actor.is_worker:
-            reports, flagged = scan_worker(self.layouts, self.actor.index, grads)
-        flagged = set(flagged or ())
         executor = self.executor
         executor.begin(step, self.residuals, out=self.out, spares=self.spares)
         for bucket, flat in grads.items():
-            executor.provide(bucket, flat, {f for f in flagged if f[0] == bucket})
+            executor.provide(bucket, flat, None if flagged is None else {f for f in flagged if f[0] == bucket})
         records = [("load", "", -1, start, time.time(), sum(g.nbytes for g in grads.values()), "", 0.0)]
         results, residuals, ops = executor.finish()
+        reports = executor.nonfinite  # what its own scans found (none where the driver scanned)
         # what this step replaced is the next step's spares, unless kept for a rollback (then the state
         # before that is: nothing else holds it, get_residuals' copies went through Ray)
         self.spares = (self.previous or {}) if keep_previous else self.residuals

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..engines.executor import RankExecutor
 from ..engines.in_place import results_over_gradients
-from ..engines.nonfinite import NonFiniteReport, layouts, scan_worker
+from ..engines.nonfinite import GradientScan, NonFiniteReport, layouts
 from ..errors import NonFiniteGradientError, PlanMismatchError, ReplicaMismatchError, SyncError, SyncTimeoutError
 from ..plan.syncplan import SyncPlan
 from ..schedule import actor_shares
@@ -146,8 +146,8 @@ class PlanRunner:
         channel = group.channel(plan, names)
         self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s,
                                      compute_threads=compute_threads,
-                                     overwritable=results_over_gradients(plan, self.actor))
-        self.layouts = {lay.name: lay for lay in layouts(plan)}
+                                     overwritable=results_over_gradients(plan, self.actor),
+                                     scan=GradientScan.of(self.rank, layouts(plan)) if self.rank >= 0 else None)
         # the steps' result buffers, reused: every caller copies a step's results away before the next begins
         # (the hook into DDP's buckets, the optimizer into .grad, TorchDistEngine down its pipe)
         self.out = self.executor.new_result_buffers()
@@ -157,7 +157,6 @@ class PlanRunner:
                       if a["op"] == "encode" and a["ef"] and a["actor"] == self.actor}
         self.step: int | None = None  # the open step
         self.broken: BaseException | None = None
-        self._reports: list[NonFiniteReport] = []
 
     # -- a step ------------------------------------------------------------------------------------------------
     def begin(self, step: int) -> None:
@@ -170,18 +169,14 @@ class PlanRunner:
         except BaseException as exc:
             self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
             raise self.broken from exc
-        self.step, self._reports = step, []
+        self.step = step
 
     def provide(self, bucket: str, flat: np.ndarray, results_here: bool = False) -> None:
         """This rank's gradient of plan bucket ``bucket`` (flat float32, read until the step ends);
         ``results_here``: the step's results of the bucket are written into ``flat`` (see
-        ``RankExecutor.provide``; for the buckets in :attr:`overwritable`)."""
-        flagged: set[tuple[str, int]] = set()
-        layout = self.layouts.get(bucket)
-        if layout is not None and self.rank >= 0:
-            found, flagged = scan_worker([layout], self.rank, {bucket: flat})
-            self._reports.extend(found)
-        self.executor.provide(bucket, flat, flagged, results_here)
+        ``RankExecutor.provide``; for the buckets in :attr:`overwritable`).  The executor's ops scan it for
+        NaN/Inf as they first read each partition."""
+        self.executor.provide(bucket, flat, None, results_here)
 
     @property
     def overwritable(self) -> frozenset[str]:
@@ -203,14 +198,15 @@ class PlanRunner:
         except BaseException as exc:
             self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
             raise self.broken from exc
-        outcome = StepOutcome(step, results, residuals, records=records, nonfinite=list(self._reports),
+        reports = list(self.executor.nonfinite)
+        outcome = StepOutcome(step, results, residuals, records=records, nonfinite=reports,
                               sent_bytes=self.executor.sent_bytes, raw_bytes=self.executor.raw_bytes)
         mode = self.plan.nonfinite
         if vote and mode != "propagate":
-            flagged = self.group.all_sum(len(self._reports), f"step {step}: voting on NaN/Inf")
+            flagged = self.group.all_sum(len(reports), f"step {step}: voting on NaN/Inf")
             if flagged:
-                everyone = self.group.gather_object(self._reports, f"step {step}: gathering NaN/Inf reports")
-                outcome.nonfinite = [r for reports in everyone for r in reports]
+                everyone = self.group.gather_object(reports, f"step {step}: gathering NaN/Inf reports")
+                outcome.nonfinite = [r for found in everyone for r in found]
                 if mode == "raise":
                     raise NonFiniteGradientError(outcome.nonfinite, step)
                 outcome.skipped = True

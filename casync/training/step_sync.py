@@ -21,7 +21,7 @@ from primitives.codecs import Codec
 
 from ..engines.executor import RankExecutor
 from ..engines.memory import keep_freed_memory
-from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker
+from ..engines.nonfinite import BucketLayout, GradientScan, NonFiniteReport
 from ..errors import SyncError, SyncTimeoutError
 from ..runtime.data_plane import DataPlaneMember
 from ..schedule import ActorShare
@@ -83,8 +83,9 @@ class StepSyncActor(DataPlaneMember):
     # -- the process group --------------------------------------------------------------------------------------
     def _on_channel(self, channel: Any) -> None:
         """Build an executor per plan (the compressed one, and the full-precision one if any) and start syncing."""
+        scan = GradientScan(self._rank, self._layouts) if self._rank >= 0 else None
         self._executors = {full: RankExecutor(share, self._codecs, self._plan_seed, self._partitions, channel,
-                                              self._timeout_s, compute_threads=self._compute_threads)
+                                              self._timeout_s, compute_threads=self._compute_threads, scan=scan)
                            for full, share in self._shares.items()}
         self._thread.start()
 
@@ -112,17 +113,13 @@ class StepSyncActor(DataPlaneMember):
         self._open(step, full, {}, {}, codecs)
 
     def _bucket_in(self, st: StepState, bucket: str) -> None:
-        """This worker's gradient of ``bucket`` is complete: scan it for NaN/Inf and hand it over (now, if
-        the step's sync has begun; else the sync thread does when it begins).  Call with the lock held."""
+        """This worker's gradient of ``bucket`` is complete: hand it over (now, if the step's sync has begun;
+        else the sync thread does when it begins); the executor's ops scan it for NaN/Inf as they read it.
+        Call with the lock held."""
         if not st.begun or bucket in st.provided:
             return
         st.provided.add(bucket)
-        flagged: set[tuple[str, int]] = set()
-        layout = self._layouts.get(bucket)
-        if layout is not None:
-            found, flagged = scan_worker([layout], self._rank, {bucket: st.grads[bucket]})
-            st.nonfinite.extend(found)
-        self._executors[st.full].provide(bucket, st.grads[bucket], flagged)
+        self._executors[st.full].provide(bucket, st.grads[bucket])
 
     def _sync_loop(self) -> None:
         """Take steps in order: begin the executor, hand over the buckets already in, run the step's ops."""
@@ -161,6 +158,7 @@ class StepSyncActor(DataPlaneMember):
                 self._previous = (st.step, self.residuals)
                 self.residuals = residuals
                 st.results, st.records, st.finished = results, records, True
+                st.nonfinite = list(executor.nonfinite)
                 st.sent, st.raw = executor.sent_bytes, executor.raw_bytes
                 self._next = st.step + 1
                 self._cond.notify_all()

@@ -15,7 +15,7 @@ import casync
 from casync.engines.executor import HEADER_TAG, WARMUP_SYNCS, RankExecutor, body_tag
 from casync.engines.in_place import results_over_gradients
 from casync.engines.inputs import flatten_worker_grads
-from casync.engines.nonfinite import layouts, scan_worker
+from casync.engines.nonfinite import GradientScan, layouts, scan_worker
 from casync.errors import SyncError, SyncTimeoutError
 from casync.schedule import actor_shares, plan_transfers
 from casync.transport.base import LocalHub
@@ -27,21 +27,30 @@ from tests.helpers import make_grads, same_bits
 SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}
 
 
-def executors(plan, hub, timeout_s=10.0, compute_threads=1, channel=None):
-    """An executor per actor of ``plan`` over ``hub`` (or over ``channel(actor)``)."""
+def executors(plan, hub, timeout_s=10.0, compute_threads=1, channel=None, scan=False):
+    """An executor per actor of ``plan`` over ``hub`` (or over ``channel(actor)``); ``scan``: the workers' scan
+    their gradients for NaN/Inf in their ops (``RankExecutor.scan``)."""
     shares = actor_shares(plan)
     parts = {b.name: list(b.partitions) for b in plan.buckets}
     channel = channel or hub.channel
+
+    def scan_of(actor):
+        who = Actor.parse(actor)
+        return GradientScan.of(who.index, layouts(plan)) if scan and who.is_worker else None
+
     return {a: RankExecutor(shares[a], plan.codecs, plan.seed, parts, channel(a), timeout_s,
-                            compute_threads=compute_threads, overwritable=results_over_gradients(plan, a))
+                            compute_threads=compute_threads, overwritable=results_over_gradients(plan, a),
+                            scan=scan_of(a))
             for a in plan.actors}
 
 
-def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None, here=False, gap=0.0):
+def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, spares=None, here=False, gap=0.0,
+             lazy=False):
     """One step on every actor in threads; buckets in ``late`` are provided ``delay`` s after the others, and each
     of the others ``gap`` s after the one before (a slow backward);
     ``out``: per actor, the result buffers to write into (copied away after the step, as callers do);
-    ``here``: each worker's results are written over the gradients it provides (``flats``, then overwritten)."""
+    ``here``: each worker's results are written over the gradients it provides (``flats``, then overwritten);
+    ``lazy``: gradients are provided unscanned (the executors' ops scan them), not with this caller's scan."""
     got, errors = {}, {}
     lay = layouts(plan)
 
@@ -55,12 +64,12 @@ def run_step(plan, execs, residuals, step, flats, late=(), delay=0.0, out=None, 
                 _, flagged = scan_worker(lay, who.index, flats[who.index])
                 early = [b for b in flats[who.index] if b not in late]
                 for bucket in early + list(late):
+                    mine = None if lazy else {f for f in flagged if f[0] == bucket}
                     if bucket in late and delay:
-                        threading.Timer(delay, ex.provide, (bucket, flats[who.index][bucket],
-                                                            {f for f in flagged if f[0] == bucket}, here)).start()
+                        threading.Timer(delay, ex.provide, (bucket, flats[who.index][bucket], mine, here)).start()
                     else:
                         time.sleep(gap)
-                        ex.provide(bucket, flats[who.index][bucket], {f for f in flagged if f[0] == bucket}, here)
+                        ex.provide(bucket, flats[who.index][bucket], mine, here)
             results, res, _ = ex.finish()
             if here and who.is_worker:
                 assert all(results[b] is flats[who.index][b] for b in results)
@@ -128,6 +137,51 @@ def check_hub_against_local_engine(plan, compute_threads, steps=3, make=None, ex
     mine = {k: v for r in residuals.values() for k, v in r.items()}
     assert mine.keys() == reference.state.residuals.keys()
     assert all(same_bits(v, reference.state.residuals[k]) for k, v in mine.items())
+
+
+@pytest.mark.parametrize("kw", [dict(strategy="ring"), dict(strategy="ps"), dict(strategy="allgather")],
+                         ids=["ring", "ps", "allgather"])
+@pytest.mark.parametrize("codec", ["none", "onebit", "randomk:ratio=0.3"])
+@pytest.mark.parametrize("compute_threads", [1, 3])
+def test_ops_scan_their_partitions_as_a_scan_before_the_step_would(kw, codec, compute_threads):
+    """Gradients provided unscanned to executors with a ``GradientScan``: each partition is scanned by the
+    first op that reads it.  With NaN/Inf in several partitions (one tensor's on both sides of a partition
+    boundary), the results and residuals are bit for bit those of a scan before the step, and each worker's
+    reports are ``scan_worker``'s of its whole gradient (one per tensor); finite steps report nothing."""
+    plan = casync.build_plan(SHAPES, workers=3, codec=codec, partitions=2, bucket_bytes=600, nonfinite="propagate",
+                             **kw)
+    bounds = [(b.name, stop) for b in plan.buckets for _, stop in b.partitions[:-1]]
+    assert bounds, "the plan must split a bucket into partitions"
+
+    def make(step):
+        grads = make_grads(SHAPES, 3, seed=step)
+        if step == 1:  # worker 0: NaN and Inf around the first partition boundary; worker 2: an Inf in "b"
+            flat_w = grads[0]["w"].reshape(-1)
+            flat_w[[0, 150, 151, 300]] = [np.nan, np.inf, np.nan, -np.inf]
+            grads[2]["b"][3, 1] = np.inf
+        return grads
+
+    hub_a, hub_b = LocalHub(timeout_s=10), LocalHub(timeout_s=10)
+    caller = executors(plan, hub_a, compute_threads=compute_threads)
+    own = executors(plan, hub_b, compute_threads=compute_threads, scan=True)
+    res_a, res_b = {a: {} for a in plan.actors}, {a: {} for a in plan.actors}
+    for step in range(3):
+        flats, _ = flatten_worker_grads(plan, make(step))
+        want, errors_a = run_step(plan, caller, res_a, step, flats)
+        got, errors_b = run_step(plan, own, res_b, step, flats, lazy=True)
+        assert not errors_a and not errors_b
+        for actor in plan.actors:
+            assert all(same_bits(got[actor][b], want[actor][b]) for b in want[actor]), (step, actor)
+            assert res_b[actor].keys() == res_a[actor].keys()
+            assert all(same_bits(res_b[actor][k], v) for k, v in res_a[actor].items()), (step, actor)
+        for w in range(3):
+            expected, _ = scan_worker(layouts(plan), w, flats[w])
+            assert sorted(own[f"worker:{w}"].nonfinite, key=str) == sorted(expected, key=str), (step, w)
+        if step == 1:
+            assert {(r.worker, r.tensor, r.nan, r.inf) for ex in own.values() for r in ex.nonfinite} == {
+                (0, "w", 2, 2), (2, "b", 0, 1)}
+        else:
+            assert not any(ex.nonfinite for ex in own.values())
 
 
 @pytest.mark.parametrize("strategy", ["ring", "ps", "allgather"])
