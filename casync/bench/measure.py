@@ -3,8 +3,8 @@
 The gradients are made by a Ray task on each worker actor's own node (:class:`GradientStore`), so loading
 them into the actors never crosses a link; the sync time is the span of the engine's timeline, from the
 moment the first actor starts its step (its ``load`` row: the posting of its receives; the gradients arrive as
-zero-copy views, nothing is copied, and the NaN/Inf scan runs inside the ops that first read each partition) to the last op
-of any worker -- the engine's own synchronization, the counterpart of the baselines' all-reduce span
+zero-copy views, nothing is copied, and the NaN/Inf scan runs inside the ops that first read each partition) to
+the last op of any worker -- the engine's own synchronization, the counterpart of the baselines' all-reduce span
 (:func:`step_span`; :func:`sync_span` leaves the load rows out, as the calibration does).  ``wall_s`` is
 ``run_flat``'s wall time, which adds handing the gradients to the actors and fetching every worker's result
 back to the driver.

@@ -17,9 +17,9 @@ from .runner import BenchResult, Row
 
 MEASURED_DEFINITION = (
     "**sync** = median over the timed iterations of one synchronization's span over all workers: casync, from "
-    "the first worker actor's start of the step (gradients already in the actors as zero-copy views; its NaN/Inf "
-    "scan of them and the posting of its receives included) to the last op of any worker (RayEngine's "
-    "timeline); gloo, every rank passes a barrier and the span runs from the earliest rank's first "
+    "the first worker actor's start of the step (gradients already in the actors as zero-copy views; the posting "
+    "of its receives and the NaN/Inf scan of its gradient, inside its ops, included) to the last op of any "
+    "worker (RayEngine's timeline); gloo, every rank passes a barrier and the span runs from the earliest rank's first "
     "all_reduce call to the latest rank's last division; DDP, from the earliest rank's first bucket hook call "
     "to the latest rank's last bucket's reduced gradient (compression, decompression and error feedback of "
     "the hooks included). **×gloo** = the gloo all_reduce (25 MiB buckets) sync divided by this row's; "

@@ -20,7 +20,9 @@ sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`
 * sender and receiver threads live as long as the executor and take each step's work from a queue
   (:class:`Lane`): starting a thread waits until it runs, a millisecond or more on busy cores, every step;
 * a bucket's ops that read the actor's own gradient wait until :meth:`RankExecutor.provide` hands it over,
-  so a bucket can start while later gradients are still being computed.
+  so a bucket can start while later gradients are still being computed; with a
+  :class:`~casync.engines.nonfinite.GradientScan`, the first op that reads a partition scans it for NaN/Inf
+  before using it (flagging it for the side channel), so no scan of the whole gradient holds up the step.
 
 Results, error-feedback residuals and the op records of a step come back from :meth:`RankExecutor.finish`;
 residuals are returned, never updated in place, so a failed step leaves the caller's state untouched.

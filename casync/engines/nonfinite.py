@@ -11,9 +11,10 @@
 
 Detection is one pass per worker gradient (:func:`primitives.finite.all_finite`, about half the time of a
 onebit encode); :func:`scan_worker` names what it finds, on the driver before a step, and an executor's
-:class:`GradientScan` partition by partition inside the ops, for gradients the driver never held.  Inside a sync, payloads carry NaN/Inf on a side
-channel (``primitives.finite``), so every codec delivers them exactly; merges propagate them as float
-arithmetic does; error-feedback residuals stay finite (zero where the value travelled exactly).
+:class:`GradientScan` partition by partition inside the ops, for gradients the driver never held.  Inside a
+sync, payloads carry NaN/Inf on a side channel (``primitives.finite``), so every codec delivers them exactly;
+merges propagate them as float arithmetic does; error-feedback residuals stay finite (zero where the value
+travelled exactly).
 """
 from __future__ import annotations
 
