@@ -44,7 +44,7 @@ from primitives.merge import handed_to_encode, handed_to_merge
 from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
-from .nonfinite import GradientScan, NonFiniteReport
+from .nonfinite import GradientScan, NonFiniteReport, PartitionScans
 from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
 
@@ -187,9 +187,7 @@ class RankExecutor:
             self._waiting[index] += 1  # its gradient
         self._grads: dict[str, np.ndarray] = {}
         self._flagged: set[tuple[str, int]] = set()
-        self._unscanned: set[tuple[str, int]] = set()  # partitions provided unscanned, no op has read yet
-        self._scanning: set[tuple[str, int]] = set()  # ... one op is scanning now
-        self._found: dict[str, list[tuple[int, Any]]] = {}  # bucket -> (partition start, GradientScan.check's)
+        self._scans = PartitionScans(self.scan, self._flagged)  # of the buckets provided unscanned
         self.nonfinite = []
         self._residuals = dict(residuals)
         reading = {id(r) for r in self._residuals.values()}
@@ -284,8 +282,8 @@ class RankExecutor:
                 self._results[bucket] = flat
             self._grads[bucket] = flat
             self._flagged |= set(flagged or ())
-            if flagged is None and self.scan is not None and bucket in self.scan.layouts:
-                self._unscanned.update((bucket, p) for p in range(len(self.partitions[bucket])))
+            if flagged is None:
+                self._scans.expect(bucket, len(self.partitions[bucket]))
             self._deadline = time.monotonic() + self.timeout_s  # progress: timeout_s counts from here again
             for index in self.share.local.get(bucket, ()):
                 self._arrived(index)
@@ -313,8 +311,7 @@ class RankExecutor:
                     raise SyncTimeoutError(f"{self.actor}: step {self._step}: {thread.name} still busy after "
                                            f"{self.timeout_s:.0f}s")
             self._raise_if_failed()
-            if self._found:
-                self.nonfinite = self.scan.reports(self._found)
+            self.nonfinite = self._scans.reports()
             return self._results, self._residuals, self._records
         except BaseException as exc:
             self._fail(exc)
@@ -377,8 +374,7 @@ class RankExecutor:
         if a.get("local_input"):
             start, stop = self.partitions[a["bucket"]][a["part"]]
             local = self._grads[a["bucket"]][start:stop]
-            if (a["bucket"], a["part"]) in self._unscanned or self._scanning:
-                self._scan_partition(a["bucket"], a["part"], start, local)
+            self._scans.before_read(a["bucket"], a["part"], start, local)
         out = None
         if a.get("output"):  # decodes and merges write their slice of the result in place
             start, stop = self.partitions[a["bucket"]][a["part"]]
@@ -389,29 +385,6 @@ class RankExecutor:
         if out is not None and result is not out:
             out[...] = result
         return result
-
-    def _scan_partition(self, bucket: str, part: int, start: int, values: np.ndarray) -> None:
-        """Scan a partition provided unscanned, before the first op that reads it uses it (flagged if it holds
-        NaN/Inf, so that its encode carries them on the side); an op of another compute thread that reads the
-        same partition meanwhile waits for this scan instead of scanning it again."""
-        key = (bucket, part)
-        with self._cond:
-            if key not in self._unscanned:
-                while key in self._scanning:
-                    self._cond.wait(1.0)
-                return
-            self._unscanned.discard(key)
-            self._scanning.add(key)
-        found = None
-        try:
-            found = self.scan.check(values)
-        finally:
-            with self._cond:
-                if found is not None:
-                    self._found.setdefault(bucket, []).append((start, found))
-                    self._flagged.add(key)
-                self._scanning.discard(key)
-                self._cond.notify_all()
 
     def _send(self, op: Any) -> None:
         payload = self._values[op.inputs[0]]

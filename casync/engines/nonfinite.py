@@ -18,6 +18,7 @@ travelled exactly).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -116,6 +117,53 @@ class GradientScan:
                 where = np.concatenate([start + w for start, (w, _) in pieces])
                 reports += name_nonfinite(layout, self.worker, where, np.concatenate([nan for _, (_, nan) in pieces]))
         return reports
+
+
+class PartitionScans:
+    """One step's scans of a worker's gradient partitions (for :class:`GradientScan`), each done once, by the
+    first op that reads the partition, before it uses it: a partition holding NaN/Inf joins ``flagged`` (its
+    encodes then carry them on the side), and an op of another compute thread that reads the same partition
+    meanwhile waits for that scan instead of scanning again."""
+
+    def __init__(self, scan: GradientScan | None, flagged: set[tuple[str, int]]):
+        self.scan, self.flagged = scan, flagged
+        self._cond = threading.Condition()
+        self._unscanned: set[tuple[str, int]] = set()  # provided, no op has read them yet
+        self._scanning: set[tuple[str, int]] = set()  # one op is scanning them now
+        self._found: dict[str, list[tuple[int, Any]]] = {}  # bucket -> (partition start, GradientScan.check's)
+
+    def expect(self, bucket: str, parts: int) -> None:
+        """The ``parts`` partitions of ``bucket`` came unscanned (nothing to do for a bucket the scan lacks)."""
+        if self.scan is not None and bucket in self.scan.layouts:
+            with self._cond:
+                self._unscanned.update((bucket, p) for p in range(parts))
+
+    def before_read(self, bucket: str, part: int, start: int, values: np.ndarray) -> None:
+        """An op is about to read partition ``part`` of ``bucket`` (``values``, at offset ``start``)."""
+        key = (bucket, part)
+        if key not in self._unscanned and not self._scanning:
+            return
+        with self._cond:
+            if key not in self._unscanned:
+                while key in self._scanning:
+                    self._cond.wait(1.0)
+                return
+            self._unscanned.discard(key)
+            self._scanning.add(key)
+        found = None
+        try:
+            found = self.scan.check(values)
+        finally:
+            with self._cond:
+                if found is not None:
+                    self._found.setdefault(bucket, []).append((start, found))
+                    self.flagged.add(key)
+                self._scanning.discard(key)
+                self._cond.notify_all()
+
+    def reports(self) -> list[NonFiniteReport]:
+        """What the step's scans found, one report per tensor (as :func:`scan_worker` of the whole gradient)."""
+        return self.scan.reports(self._found) if self._found else []
 
 
 class SyncOutput(list):
