@@ -16,22 +16,22 @@ from .predict import predict
 from .runner import BenchResult, Row
 
 MEASURED_DEFINITION = (
-    "**sync** = median over the timed iterations of one synchronization's span over all workers: casync, from "
-    "the first worker actor's start of the step (gradients already in the actors as zero-copy views; the posting "
-    "of its receives and the NaN/Inf scan of its gradient, inside its ops, included) to the last op of any "
-    "worker (RayEngine's timeline); gloo, every rank passes a barrier and the span runs from the earliest rank's first "
-    "all_reduce call to the latest rank's last division; DDP, from the earliest rank's first bucket hook call "
-    "to the latest rank's last bucket's reduced gradient (compression, decompression and error feedback of "
-    "the hooks included). **×gloo** = the gloo all_reduce (25 MiB buckets) sync divided by this row's; "
-    "**wire MB** = bytes all sends put on the wire in one sync (baselines: a ring all-reduce of the payload, "
-    "2(N-1) × payload); **link MB** (emulated cluster only) = bytes that really crossed the links per sync, "
-    "from the interface counters (TCP/IP and Ray or gloo protocol overhead included; casync: all bytes the "
-    "worker nodes sent minus what the driver's node received); **ratio** = the same sends uncompressed / wire bytes; **predicted** = the simulator's "
-    "sync time for the same plan on the ClusterModel of the setup; **wall** = casync: run_flat wall time "
-    "(hands gradients to the actors, syncs, fetches every worker's result to the driver); DDP: "
-    "forward+backward wall time; **rel err** = ||result − exact mean|| / ||exact mean||, casync and gloo rows: "
-    "after the first sync (before error feedback has history); DDP rows: after the last timed iteration (the "
-    "same gradients every iteration, so error feedback's residuals add to it).")
+    "**sync** = median over the timed iterations of one synchronization's span over all workers: casync, from the "
+    "first worker actor's start of the step (gradients already in the actors as zero-copy views; the posting of its "
+    "receives and the NaN/Inf scan of its gradient, inside its ops, included) to the last op of any worker "
+    "(RayEngine's timeline); gloo, every rank passes a barrier and the span runs from the earliest rank's first "
+    "all_reduce call to the latest rank's last division; DDP, from the earliest rank's first bucket hook call to "
+    "the latest rank's last bucket's reduced gradient (compression, decompression and error feedback of the hooks "
+    "included). **×gloo** = the gloo all_reduce (25 MiB buckets) sync divided by this row's; **wire MB** = bytes "
+    "all sends put on the wire in one sync (baselines: a ring all-reduce of the payload, 2(N-1) × payload); **link "
+    "MB** (emulated cluster only) = bytes that really crossed the links per sync, from the interface counters "
+    "(TCP/IP and Ray or gloo protocol overhead included; casync: all bytes the worker nodes sent minus what the "
+    "driver's node received); **ratio** = the same sends uncompressed / wire bytes; **predicted** = the simulator's "
+    "sync time for the same plan on the ClusterModel of the setup; **wall** = casync: run_flat wall time (hands "
+    "gradients to the actors, syncs, fetches every worker's result to the driver); DDP: forward+backward wall time; "
+    "**rel err** = ||result − exact mean|| / ||exact mean||, casync and gloo rows: after the first sync (before "
+    "error feedback has history); DDP rows: after the last timed iteration (the same gradients every iteration, so "
+    "error feedback's residuals add to it).")
 
 
 def _ms(x: float | None) -> Any:

@@ -44,9 +44,9 @@ from primitives.merge import handed_to_encode, handed_to_merge
 from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
-from .nonfinite import GradientScan, NonFiniteReport, PartitionScans
 from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
+from .nonfinite import GradientScan, NonFiniteReport, PartitionScans
 
 HEADER_TAG = 1
 

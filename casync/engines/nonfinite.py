@@ -141,15 +141,15 @@ class PartitionScans:
     def before_read(self, bucket: str, part: int, start: int, values: np.ndarray) -> None:
         """An op is about to read partition ``part`` of ``bucket`` (``values``, at offset ``start``)."""
         key = (bucket, part)
-        if key not in self._unscanned and not self._scanning:
-            return
+        if key not in self._unscanned and not self._scanning:  # without the lock: a key is in one set or the
+            return  # other while it is not scanned yet (added to the second before it leaves the first)
         with self._cond:
             if key not in self._unscanned:
                 while key in self._scanning:
                     self._cond.wait(1.0)
                 return
-            self._unscanned.discard(key)
             self._scanning.add(key)
+            self._unscanned.discard(key)
         found = None
         try:
             found = self.scan.check(values)

@@ -1,11 +1,14 @@
 """NaN/Inf in one worker's gradient, for every codec, under nonfinite="raise" | "skip" | "propagate"."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 import casync
-from casync.engines.nonfinite import layouts, scan_worker
+from casync.engines.nonfinite import (BucketLayout, GradientScan, NonFiniteReport, PartitionScans, layouts,
+                                      scan_worker)
 from casync.errors import NonFiniteGradientError
 from primitives.codecs import available_codecs
 from primitives.finite import all_finite
@@ -63,6 +66,44 @@ def test_finiteness_check_and_scan_name_tensors():
     assert {(r.tensor, r.nan, r.inf) for r in reports} == {("fc.bias", 0, 2), ("emb", 1, 0)}
     assert parts and all(b == plan.buckets[0].name for b, _ in parts)
     assert scan_worker(layouts(plan), 1, flats[1]) == ([], set())
+
+
+def test_a_partition_two_compute_threads_read_is_scanned_once_and_flagged_before_either_reads_it():
+    """An executor's second compute thread that reads a partition while the first is scanning it waits for
+    that scan, and sees the partition flagged; the scan runs once and its reports count each value once."""
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    class SlowScan(GradientScan):
+        def check(self, values):
+            calls.append(values.size)
+            started.set()
+            release.wait(5)
+            return GradientScan.check(values)
+
+    flagged: set = set()
+    scans = PartitionScans(SlowScan(3, {"b": BucketLayout("b", ("t", "u"), (6, 8), (4, 8))}), flagged)
+    scans.expect("b", 2)
+    values = np.array([1, np.nan, 2, np.inf], np.float32)
+    saw = {}
+
+    def read(name):
+        scans.before_read("b", 0, 0, values)
+        saw[name] = ("b", 0) in flagged
+
+    first = threading.Thread(target=read, args=("first",))
+    first.start()
+    assert started.wait(5)
+    second = threading.Thread(target=read, args=("second",))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # waiting for the first thread's scan, not reading unflagged data
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert saw == {"first": True, "second": True} and calls == [4]
+    scans.before_read("b", 1, 4, np.ones(4, np.float32))  # finite: not flagged
+    assert flagged == {("b", 0)} and calls == [4, 4]
+    assert scans.reports() == [NonFiniteReport(3, "t", 1, 1)]
 
 
 @pytest.mark.parametrize("bad", sorted(BAD))
