@@ -102,9 +102,10 @@ def unflatten_results(plan: SyncPlan, results: list[dict[str, np.ndarray]],
     return out
 
 
-def check_flats(plan: SyncPlan, flats: Any) -> None:
+def check_flats(plan: SyncPlan, flats: Any, mappings_only: bool = False) -> None:
     """Validate per-worker flat bucket buffers handed to ``run_flat`` (dicts; other entries, such as ObjectRefs
-    of them, are checked where they are read): every bucket, 1-D float32 of the bucket's length."""
+    of them, are checked where they are read, unless ``mappings_only``: then they are refused): every bucket,
+    1-D float32 of the bucket's length."""
     if not isinstance(flats, Sequence) or isinstance(flats, (str, bytes)):
         raise TypeError(f"flats must be a list with one mapping bucket->array per worker, got {type(flats).__name__}")
     if len(flats) != plan.workers:
@@ -112,6 +113,8 @@ def check_flats(plan: SyncPlan, flats: Any) -> None:
     names = {bucket.name for bucket in plan.buckets}
     for w, buffers in enumerate(flats):
         if not isinstance(buffers, Mapping):
+            if mappings_only:
+                raise TypeError(f"worker {w}: expected a mapping bucket->array, got {type(buffers).__name__}")
             continue
         extra = [k for k in buffers if k not in names]
         if extra:

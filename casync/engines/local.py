@@ -6,7 +6,6 @@ inputs and seed.  Slow by design — it is the reference and the debugger.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -42,10 +41,7 @@ class LocalEngine(EngineBase):
     def run_flat(self, flats: list[dict[str, np.ndarray]]) -> SyncOutput:
         """The engine proper, on per-worker flat bucket buffers (``flatten_worker_grads`` output)."""
         plan, graph = self.plan, self.plan.graph
-        check_flats(plan, flats)
-        for w, buffers in enumerate(flats):
-            if not isinstance(buffers, Mapping):
-                raise TypeError(f"worker {w}: expected a mapping bucket->array, got {type(buffers).__name__}")
+        check_flats(plan, flats, mappings_only=True)
         scans = [scan_worker(self._layouts, w, flats[w]) for w in range(plan.workers)]
         reports = [r for found, _ in scans for r in found]
         if voids_step(plan.nonfinite, reports):
