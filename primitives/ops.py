@@ -14,7 +14,9 @@ import numpy as np
 from primitives.codecs import Codec, Payload
 
 from .finite import attach, carries_nonfinite, restore, split_nonfinite
+from .codecs.residual import buffer_of, materialized
 from .merge import Deferred, PendingMerge, Sparse, merges_in_encode, run_merge
+from .residuals import Residuals, stored
 
 __all__ = ["Deferred", "PendingMerge", "Sparse", "encode_seed", "run_encode", "run_merge", "run_node"]
 
@@ -52,23 +54,33 @@ def run_encode(codec: Codec, x: np.ndarray | PendingMerge, seed: int, residuals:
     ``spares``: residual arrays the caller no longer needs, by key (the residuals of two steps back): the new
     residual is written into its key's spare where it fits, so a step allocates no residual memory.
 
+    ``residuals`` may be a :class:`~primitives.residuals.Residuals` store: a codec that ``defers_residual``
+    then keeps its new residual deferred there (the same floats, one pass fewer; see
+    :mod:`primitives.codecs.residual`).  A plain dict only ever holds arrays.
+
     ``x`` may be a merge still to run (:class:`PendingMerge`): a codec that ``merges_in_encode`` computes it
     block by block as it adds the residual; otherwise it is run first.
     """
     ef = ef_key is not None and residuals is not None
-    residual = residuals.get(ef_key) if ef else None
+    residual = stored(residuals, ef_key) if ef else None
     pending = isinstance(x, PendingMerge)
     if residual is not None and not check and codec.ef_sound and (not pending or merges_in_encode(codec)):
-        # the common case, fused where the codec can (a pending merge is computed as the residual is added)
+        # the common case, fused where the codec can (a pending merge is computed as the residual is added);
+        # in a Residuals store the new residual may stay deferred (its last pass left to the next step's encode)
+        defer = codec.defers_residual and isinstance(residuals, Residuals)
+        encode = codec.encode_feedback_deferred if defer else codec.encode_feedback
+        residual = residual if defer else materialized(residual)
         spare = spares.pop(ef_key, None) if spares else None
         reads = x.arrays() if pending else [x]
         if (spare is not None and spare.shape == x.shape and spare.dtype == np.float32 and spare.flags.writeable
-                and spare.flags.c_contiguous and _takes_out(codec) and not np.may_share_memory(spare, residual)
+                and spare.flags.c_contiguous and (defer or _takes_out(codec))
+                and not np.may_share_memory(spare, buffer_of(residual))
                 and not any(np.may_share_memory(spare, a) for a in reads)):
-            payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed, out=spare)
+            payload, residuals[ef_key] = encode(x, residual, seed, out=spare)
         else:
-            payload, residuals[ef_key] = codec.encode_feedback(x, residual, seed)
+            payload, residuals[ef_key] = encode(x, residual, seed)
         return payload
+    residual = materialized(residual)
     if pending:
         x = x.run()
     corrected = x + residual if residual is not None else x

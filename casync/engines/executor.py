@@ -41,6 +41,7 @@ import numpy as np
 from primitives.codecs import Codec
 from primitives.ops import run_node
 from primitives.merge import handed_to_encode, handed_to_merge
+from primitives.residuals import Residuals, buffers
 from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
@@ -189,9 +190,9 @@ class RankExecutor:
         self._flagged: set[tuple[str, int]] = set()
         self._scans = PartitionScans(self.scan, self._flagged)  # of the buckets provided unscanned
         self.nonfinite = []
-        self._residuals = dict(residuals)
-        reading = {id(r) for r in self._residuals.values()}
-        self._spares = {k: v for k, v in (spares or {}).items() if id(v) not in reading}  # never one read now
+        self._residuals = Residuals(residuals)  # an encode may leave its new residual deferred in it
+        reading = {id(r) for r in buffers(self._residuals).values()}
+        self._spares = {k: v for k, v in buffers(spares).items() if id(v) not in reading}  # never one read now
         self._ready: list[tuple[tuple, int]] = []
         self._done = 0
         self._error: BaseException | None = None

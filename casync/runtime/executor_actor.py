@@ -126,7 +126,7 @@ class ExecutorActor(DataPlaneMember):
 
     # -- state and introspection ---------------------------------------------------------------------------------
     def get_residuals(self) -> dict[str, np.ndarray]:
-        return self.residuals
+        return dict(self.residuals)  # arrays: a deferred residual is computed here, not shipped as two parts
 
     def set_residuals(self, residuals: dict[str, np.ndarray]) -> None:
         self.residuals = {k: np.array(v, dtype=np.float32, copy=True) for k, v in residuals.items()}

@@ -57,7 +57,7 @@ def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: di
                 runner.commit(outcome)
                 conn.send(("ok", outcome.results, outcome.records))
             elif kind == "get_residuals":
-                conn.send(("ok", runner.residuals))
+                conn.send(("ok", dict(runner.residuals)))  # arrays, deferred ones computed
             elif kind == "set_residuals":
                 runner.set_residuals(request[1])
                 conn.send(("ok",))

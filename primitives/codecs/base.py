@@ -75,6 +75,8 @@ class Codec(ABC):
     decodes_in_blocks: ClassVar[bool] = False
     #: :meth:`sparse_entries` gives the (index, value) pairs a payload decodes to, zeros elsewhere
     decodes_sparse: ClassVar[bool] = False
+    #: it has :meth:`encode_feedback_deferred`: its residuals can wait to be computed until the next encode reads them
+    defers_residual: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -100,6 +102,8 @@ class Codec(ABC):
                 cls.decodes_in_blocks = False
             if "decodes_sparse" not in own:
                 cls.decodes_sparse = False
+        if ("encode" in own or "decode" in own) and "defers_residual" not in own:
+            cls.defers_residual = False  # a parent's deferred encode would skip this class's encode or decode
 
     def decode_shared(self, payload: Payload, n: int) -> np.ndarray:
         """Like :meth:`decode`, but the result may share memory with the payload (engines that never
@@ -149,6 +153,14 @@ class Codec(ABC):
         :func:`add_block` and :func:`summed`, which compute its blocks as they add."""
         corrected = summed(x, residual, out)
         return self.encode_keep_error(corrected, seed), corrected
+
+    def encode_feedback_deferred(self, x: np.ndarray, residual: Any, seed: int = 0,
+                                 out: np.ndarray | None = None) -> tuple[Payload, Any]:
+        """:meth:`encode_feedback` without its last pass, for codecs with ``defers_residual``: the same payload,
+        and the next residual as a ``primitives.codecs.residual.DeferredResidual`` of the corrected input (in
+        ``out`` or a fresh array) and the payload.  ``residual`` may be an array or such a deferred residual,
+        whose blocks are computed as they are added (the same floats as adding its materialized array)."""
+        raise NotImplementedError(f"codec {self.name!r} does not defer its residuals")
 
     def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
         """A payload that decodes to ``lambda * C(x)``, ``lambda = 1 / (1 + omega(x))`` with ``omega(x)`` the
@@ -293,13 +305,18 @@ def feedback_input(x: Any) -> Any:
     return x if hasattr(x, "into") else as_input(x)
 
 
-def add_block(x: Any, addend: np.ndarray, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+def add_block(x: Any, addend: Any, start: int, stop: int, out: np.ndarray) -> np.ndarray:
     """``out = x[start:stop] + addend[start:stop]`` (float32), where ``x`` is an array or a merge still to run,
-    whose block is computed into ``out`` first: the same floats either way (IEEE addition is commutative)."""
+    whose block is computed into ``out`` first: the same floats either way (IEEE addition is commutative).
+    ``addend`` is an array or a residual still to compute (``DeferredResidual``), computed block by block too."""
+    if isinstance(addend, np.ndarray):
+        a = addend[start:stop]
+    else:
+        a = addend.into(start, stop, scratch("deferred residual", np.float32, stop - start))
     if isinstance(x, np.ndarray):
-        return np.add(x[start:stop], addend[start:stop], out=out)
+        return np.add(x[start:stop], a, out=out)
     x.into(start, stop, out)
-    return np.add(out, addend[start:stop], out=out)
+    return np.add(out, a, out=out)
 
 
 def summed(x: Any, addend: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -11,6 +11,7 @@ import numpy as np
 
 from .base import (BLOCK, Codec, Payload, add_block, as_input, block_sum, check_length, expand_packed,
                    feedback_input, field, merges_pending, scratch)
+from .residual import DeferredResidual, materialized
 
 # BLOCK: the encoder's four cheap passes measured best at half the library's CHUNK (about 10% faster than
 # 2 MiB blocks at 25M floats).
@@ -28,6 +29,7 @@ class OneBitCodec(Codec):
     name = "onebit"
     ef_sound = True
     decodes_in_blocks = True
+    defers_residual = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return self._sweep(as_input(x))
@@ -65,10 +67,21 @@ class OneBitCodec(Codec):
         _subtract_decoded(corrected, payload)
         return payload, corrected
 
-    def _sweep(self, x: np.ndarray, addend: np.ndarray | None = None, out: np.ndarray | None = None) -> Payload:
+    @merges_pending
+    def encode_feedback_deferred(self, x: np.ndarray, residual: np.ndarray | DeferredResidual, seed: int = 0,
+                                 out: np.ndarray | None = None) -> tuple[Payload, np.ndarray | DeferredResidual]:
+        x = feedback_input(x)
+        if residual.shape != x.shape or residual.dtype != np.float32:
+            return super().encode_feedback(x, materialized(residual), seed, out)  # the reference path's error
+        corrected = np.empty(x.size, np.float32) if out is None else out
+        payload = self._sweep(x, residual, corrected)
+        return payload, DeferredResidual(corrected, self, payload)
+
+    def _sweep(self, x: np.ndarray, addend: np.ndarray | DeferredResidual | None = None,
+               out: np.ndarray | None = None) -> Payload:
         """The payload of ``x``, or with ``addend`` of ``out = x + addend`` (written block by block as it is
-        encoded; ``x`` may then be a merge still to run).  One sweep: each block is read from memory once, then
-        hit in cache."""
+        encoded; ``x`` may then be a merge still to run, ``addend`` a residual still to compute).  One sweep:
+        each block is read from memory once, then hit in cache."""
         src = x if addend is None else out
         n = x.size
         bits = np.empty((n + 7) // 8, np.uint8)
