@@ -46,6 +46,13 @@ class Residuals(MutableMapping):
         """The stored form of ``key``'s residual: an array or a :class:`DeferredResidual`."""
         return self._entries.get(key, default)
 
+    def restore(self, key: str, stored: Any) -> None:
+        """Put back what :meth:`raw` gave for ``key`` (None: no residual), undoing an encode's write."""
+        if stored is None:
+            self._entries.pop(key, None)
+        else:
+            self._entries[key] = stored
+
     def deferred(self) -> int:
         """How many residuals are held deferred."""
         return sum(isinstance(v, DeferredResidual) for v in self._entries.values())

@@ -29,6 +29,7 @@ residuals are returned, never updated in place, so a failed step leaves the call
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import queue
 import threading
@@ -47,7 +48,8 @@ from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, 
 from ..errors import SyncError, SyncTimeoutError
 from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
-from .nonfinite import GradientScan, NonFiniteReport, PartitionScans
+from .lanes import Lane, stop_lanes
+from .nonfinite import GradientScan, NonFiniteReport, PartitionScans, certifiers
 
 HEADER_TAG = 1
 
@@ -72,49 +74,6 @@ def check_compute_threads(value: Any, who: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{who + ': ' if who else ''}compute_threads must be an int >= 1, got {value!r}")
     return value
-
-
-class Lane:
-    """A daemon thread that runs the calls handed to it one after another; the executor keeps one per peer and
-    direction for all its steps.  Each call's event is set when it returns (the calls catch their own errors)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        self._last = threading.Event()
-        self._last.set()
-        threading.Thread(target=self._loop, args=(self._calls,), daemon=True, name=name).start()
-
-    def run(self, fn: Any, *args: Any) -> threading.Event:
-        done = self._last = threading.Event()
-        self._calls.put((fn, args, done))
-        return done
-
-    def idle(self) -> bool:
-        """Whether every call handed over has returned."""
-        return self._last.is_set()
-
-    def stop(self) -> None:
-        self._calls.put(None)
-
-    @staticmethod
-    def _loop(calls: queue.SimpleQueue) -> None:  # holds no reference to the Lane: an unused one can be collected
-        while True:
-            item = calls.get()
-            if item is None:
-                return
-            fn, args, done = item
-            del item
-            try:
-                fn(*args)
-            finally:
-                del fn, args  # no reference to the executor between steps
-                done.set()
-
-
-def _stop_lanes(lanes: dict[Any, Lane]) -> None:
-    for lane in lanes.values():
-        lane.stop()
 
 
 class RankExecutor:
@@ -155,10 +114,11 @@ class RankExecutor:
         self._deferred = {i for i, op in enumerate(ops)
                           if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])
                           or handed_to_encode(op.attrs, [ops[c].attrs for c in op.consumers])}
+        self._certifier = certifiers(ops, self._deferred)  # partitions an encode's payload can certify finite
         self._cond = threading.Condition()
         self._step: int | None = None
         self._lanes: dict[tuple[str, str], Lane] = {}  # (direction, peer) -> its thread, reused step after step
-        weakref.finalize(self, _stop_lanes, self._lanes)
+        weakref.finalize(self, stop_lanes, self._lanes)
 
     # -- a step ------------------------------------------------------------------------------------------
     def begin(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None = None,
@@ -375,14 +335,25 @@ class RankExecutor:
         if a.get("local_input"):
             start, stop = self.partitions[a["bucket"]][a["part"]]
             local = self._grads[a["bucket"]][start:stop]
-            self._scans.before_read(a["bucket"], a["part"], start, local)
+            encode = self._certifier.get(index)  # an encode whose payload can say whether the partition is finite
+            if encode is None or not self._codecs[self.share.ops[encode].attrs["codec"]].certifies_finite or \
+                    not self._scans.claim(a["bucket"], a["part"], start, local, encode):
+                self._scans.before_read(a["bucket"], a["part"], start, local)
         out = None
         if a.get("output"):  # decodes and merges write their slice of the result in place
             start, stop = self.partitions[a["bucket"]][a["part"]]
             out = self._results[a["bucket"]][start:stop]
-        result = run_node(a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
-                          residuals=self._residuals, plan_seed=self.plan_seed, step=self._step, flagged=self._flagged,
-                          out=out, defer=index in self._deferred, spares=self._spares)
+        checked = (a["bucket"], a["part"]) in self._flagged  # an encode of a flagged partition checks its input
+        read = self._residuals.raw(a["ef_key"]) if a["op"] == "encode" and a.get("ef") else None
+        run = functools.partial(run_node, a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
+                                residuals=self._residuals, plan_seed=self.plan_seed, step=self._step,
+                                flagged=self._flagged, out=out, defer=index in self._deferred, spares=self._spares)
+        result = run()
+        claim = self._scans.take_claim(index) if a["op"] == "encode" else None
+        if claim is not None and self._scans.settle(claim, not checked and self._codecs[a["codec"]].input_was_finite(
+                result)) and not checked:  # NaN/Inf after all: encode again, checked, from the residual it read
+            self._residuals.restore(a["ef_key"], read)
+            result = run()
         if out is not None and result is not out:
             out[...] = result
         return result

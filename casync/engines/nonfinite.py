@@ -11,7 +11,9 @@
 
 Detection is one pass per worker gradient (:func:`primitives.finite.all_finite`, about half the time of a
 onebit encode); :func:`scan_worker` names what it finds, on the driver before a step, and an executor's
-:class:`GradientScan` partition by partition inside the ops, for gradients the driver never held.  Inside a
+:class:`GradientScan` partition by partition inside the ops, for gradients the driver never held (or, where
+an error-feedback encode whose payload tells whether its input was finite is a partition's only reader, after
+that encode, and only when the payload says it was not: :func:`certifiers`).  Inside a
 sync, payloads carry NaN/Inf on a side channel (``primitives.finite``), so every codec delivers them exactly;
 merges propagate them as float arithmetic does; error-feedback residuals stay finite (zero where the value
 travelled exactly).
@@ -19,8 +21,9 @@ travelled exactly).
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -131,6 +134,7 @@ class PartitionScans:
         self._unscanned: set[tuple[str, int]] = set()  # provided, no op has read them yet
         self._scanning: set[tuple[str, int]] = set()  # one op is scanning them now
         self._found: dict[str, list[tuple[int, Any]]] = {}  # bucket -> (partition start, GradientScan.check's)
+        self._claims: dict[int, tuple] = {}  # certifying encode -> (key, start, values) of the partition it settles
 
     def expect(self, bucket: str, parts: int) -> None:
         """The ``parts`` partitions of ``bucket`` came unscanned (nothing to do for a bucket the scan lacks)."""
@@ -150,20 +154,66 @@ class PartitionScans:
                 return
             self._scanning.add(key)
             self._unscanned.discard(key)
+        self._scan(key, start, values)
+
+    def claim(self, bucket: str, part: int, start: int, values: np.ndarray, certifier: int) -> bool:
+        """Leave partition ``part`` of ``bucket``, which its only reader is about to read, unscanned for now:
+        the error-feedback encode ``certifier`` (an op index) will say whether it was finite (:meth:`settle`).
+        False, and nothing claimed, unless the partition is still to be scanned."""
+        key = (bucket, part)
+        with self._cond:
+            if key not in self._unscanned:
+                return False
+            self._scanning.add(key)
+            self._unscanned.discard(key)
+            self._claims[certifier] = (key, start, values)
+        return True
+
+    def take_claim(self, certifier: int) -> tuple | None:
+        """The claim encode ``certifier`` settles, if it has one."""
+        return self._claims.pop(certifier, None) if self._claims else None
+
+    def settle(self, claim: tuple, certified: bool) -> bool:
+        """End a claim once its encode ran: the partition is scanned unless the payload ``certified`` it finite.
+        True when it holds NaN/Inf (then flagged and reported as :meth:`before_read`'s scan would)."""
+        key, start, values = claim
+        return self._scan(key, start, values, skip=certified)
+
+    def _scan(self, key: tuple[str, int], start: int, values: np.ndarray, skip: bool = False) -> bool:
         found = None
         try:
-            found = self.scan.check(values)
+            found = None if skip else self.scan.check(values)
         finally:
             with self._cond:
                 if found is not None:
-                    self._found.setdefault(bucket, []).append((start, found))
+                    self._found.setdefault(key[0], []).append((start, found))
                     self.flagged.add(key)
                 self._scanning.discard(key)
                 self._cond.notify_all()
+        return found is not None
 
     def reports(self) -> list[NonFiniteReport]:
         """What the step's scans found, one report per tensor (as :func:`scan_worker` of the whole gradient)."""
         return self.scan.reports(self._found) if self._found else []
+
+
+def certifiers(ops: Sequence[Any], pending: Collection[int]) -> dict[int, int]:
+    """For each op that is the only reader of one of its actor's gradient partitions, the error-feedback encode
+    that reads it (the op itself, or the encode a merge left pending is handed to: ``pending``), by op index.
+    Where that encode's codec ``certifies_finite``, its payload says whether the partition held NaN/Inf, so the
+    partition need not be scanned first (:meth:`PartitionScans.claim`): the scan's read of the partition is
+    saved, and made only when the payload says it was not finite."""
+    readers = Counter((op.attrs["bucket"], op.attrs["part"]) for op in ops if op.attrs.get("local_input"))
+    found = {}
+    for index, op in enumerate(ops):
+        a = op.attrs
+        if not a.get("local_input") or readers[a["bucket"], a["part"]] != 1:
+            continue
+        if a["op"] == "encode" and a.get("ef"):
+            found[index] = index
+        elif a["op"] == "merge" and index in pending:
+            found[index] = op.consumers[0]
+    return found
 
 
 class SyncOutput(list):

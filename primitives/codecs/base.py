@@ -77,6 +77,8 @@ class Codec(ABC):
     decodes_sparse: ClassVar[bool] = False
     #: it has :meth:`encode_feedback_deferred`: its residuals can wait to be computed until the next encode reads them
     defers_residual: ClassVar[bool] = False
+    #: :meth:`input_was_finite` tells from a payload that the tensor it encodes held no NaN or Inf
+    certifies_finite: ClassVar[bool] = False
 
     @abstractmethod
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -104,6 +106,8 @@ class Codec(ABC):
                 cls.decodes_sparse = False
         if ("encode" in own or "decode" in own) and "defers_residual" not in own:
             cls.defers_residual = False  # a parent's deferred encode would skip this class's encode or decode
+        if "encode" in own and "certifies_finite" not in own:
+            cls.certifies_finite = False  # this class's own payloads may not say it
 
     def decode_shared(self, payload: Payload, n: int) -> np.ndarray:
         """Like :meth:`decode`, but the result may share memory with the payload (engines that never
@@ -161,6 +165,12 @@ class Codec(ABC):
         ``out`` or a fresh array) and the payload.  ``residual`` may be an array or such a deferred residual,
         whose blocks are computed as they are added (the same floats as adding its materialized array)."""
         raise NotImplementedError(f"codec {self.name!r} does not defer its residuals")
+
+    def input_was_finite(self, payload: Payload) -> bool:
+        """For codecs with ``certifies_finite``: False whenever the tensor ``payload`` encodes held a NaN or Inf
+        (so True proves it finite; a False may be a false alarm, e.g. finite values whose sum overflows).  The
+        executor then need not scan a gradient partition before an error-feedback encode that alone reads it."""
+        raise NotImplementedError(f"codec {self.name!r} does not certify its input finite")
 
     def encode_contractive(self, x: np.ndarray, seed: int = 0) -> Payload:
         """A payload that decodes to ``lambda * C(x)``, ``lambda = 1 / (1 + omega(x))`` with ``omega(x)`` the

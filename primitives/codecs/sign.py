@@ -30,6 +30,7 @@ class OneBitCodec(Codec):
     ef_sound = True
     decodes_in_blocks = True
     defers_residual = True
+    certifies_finite = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return self._sweep(as_input(x))
@@ -105,6 +106,11 @@ class OneBitCodec(Codec):
         with np.errstate(over="ignore"):
             scale = np.array([total / n if n else 0.0], np.float32)
         return {"bits": bits, "scale": scale}
+
+    def input_was_finite(self, payload: Payload) -> bool:
+        """The scale is the mean of ``|x|``: a NaN or Inf anywhere makes every sum of it (float32 blocks, then
+        the float64 redo) and so the scale NaN or Inf."""
+        return math.isfinite(float(payload["scale"][0]))
 
     def compressed_nbytes(self, n: int) -> int:
         return (check_length(n) + 7) // 8 + 4
