@@ -38,3 +38,19 @@ def make_grads(shapes: dict, workers: int, seed: int = 0, dtype=np.float32) -> l
     rng = np.random.default_rng(seed)
     return [{name: rng.standard_normal(shape).astype(dtype) for name, shape in shapes.items()}
             for _ in range(workers)]
+
+
+def load_benchmark(name: str):
+    """A script of ``benchmarks/`` as a module, loaded once (not through sys.path: ``benchmarks/codecs.py`` would
+    shadow the standard library's ``codecs``)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

@@ -3,27 +3,15 @@ down, and the shared setting's floor is the ops' and the data plane's threads' C
 Simulator only (no Ray)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from casync.sim.costmodel import Profile
+from tests.helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-cf = _load("cpu_floor")
+cf = load_benchmark("cpu_floor")
 
 
 def test_own_cores_are_never_slower_and_the_shared_floor_is_the_cpu_over_host_cores():

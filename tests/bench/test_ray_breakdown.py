@@ -2,27 +2,14 @@
 time to what the next call waited for; on a real RayEngine every op lands in a Ray call.  No timing asserts."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers import load_benchmark
 
-
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-rb = _load("ray_breakdown")
+rb = load_benchmark("ray_breakdown")
 
 
 def test_one_actor_lane_is_cut_into_categories_that_add_up():
@@ -54,7 +41,7 @@ def test_idle_time_before_a_call_waits_first_for_its_inputs_and_everything_is_cl
     assert rb.actor_breakdown([], [], (1.0, 6.0))["wait_inputs"] == pytest.approx(5.0)  # no calls at all
 
 
-def test_the_timeline_is_placed_on_rays_clock_by_the_least_delayed_load():
+def test_the_timeline_is_placed_on_rays_clock_by_the_least_delayedload_benchmark():
     # worker:0 read its clock 10 us into its load call; worker:1 was preempted 7 ms before reading it
     calls = [rb.RayTask("a0", "load", 0.0, 0.0, 99.99, 100.02, execute=(99.99999, 100.01)),
              rb.RayTask("a1", "load", 0.0, 0.0, 100.0, 100.03, execute=(100.001, 100.02))]
@@ -102,7 +89,7 @@ def test_transport_is_passed_only_to_an_engine_that_takes_one():
 
     from casync.runtime.ray_engine import RayEngine
 
-    bench = _load("ray_vs_gloo")
+    bench = load_benchmark("ray_vs_gloo")
     assert bench.engine_options(None) == {}
     if "transport" in inspect.signature(RayEngine).parameters:
         assert bench.engine_options("x") == {"transport": "x"}

@@ -3,29 +3,15 @@ and busy processes; benchmarks/trainer_cpu.py's thread labels and /proc snapshot
 RayEngine and the Trainer (see their results under benchmarks/results/sync_window_cpu_* and trainer_cpu)."""
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 import time
-from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.helpers import load_benchmark
 
-
-def _load(name: str):
-    """A benchmark script as a module (not via sys.path: benchmarks/codecs.py would shadow the standard library)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_load("result_files")  # what the script imports as a sibling
-swc = _load("sync_window_cpu")
-tcpu = _load("trainer_cpu")
+load_benchmark("result_files")  # what the script imports as a sibling
+swc = load_benchmark("sync_window_cpu")
+tcpu = load_benchmark("trainer_cpu")
 
 
 def test_thread_roles_leave_the_peers_out():
