@@ -13,8 +13,8 @@ import numpy as np
 
 from primitives.codecs import Codec, Payload
 
-from .finite import attach, carries_nonfinite, restore, split_nonfinite
 from .codecs.residual import buffer_of, materialized
+from .finite import attach, carries_nonfinite, restore, split_nonfinite
 from .merge import Deferred, PendingMerge, Sparse, merges_in_encode, run_merge
 from .residuals import Residuals, stored
 

@@ -64,6 +64,8 @@ class Codec(ABC):
     that overrides ``encode`` or ``decode`` of such a codec gets the plain versions back (which call its own
     ``encode`` and ``decode``), unless it defines the fused ones itself.  An ``encode_feedback`` marked
     :func:`merges_pending` is also handed merges still to run (see there); an unmarked override never is.
+    Two optional capabilities, each behind a flag a subclass that encodes its own way does not inherit:
+    ``defers_residual`` (:meth:`encode_feedback_deferred`) and ``certifies_finite`` (:meth:`input_was_finite`).
     """
 
     name: ClassVar[str] = ""
