@@ -84,15 +84,19 @@ class ExecutorActor(DataPlaneMember):
         start = time.time()
         grads = grads or {}
         executor = self.executor
-        executor.begin(step, self.residuals, out=self.out, spares=self.spares)
+        # the residuals kept to undo the last step are free once the next step begins (that step stands: a
+        # voided one was rolled back before), so this step writes there instead of into fresh memory
+        spares = self.previous if self.previous is not None else self.spares
+        self.previous = None
+        executor.begin(step, self.residuals, out=self.out, spares=spares)
         for bucket, flat in grads.items():
             executor.provide(bucket, flat, None if flagged is None else {f for f in flagged if f[0] == bucket})
         records = [("load", "", -1, start, time.time(), sum(g.nbytes for g in grads.values()), "", 0.0)]
         results, residuals, ops = executor.finish()
         reports = executor.nonfinite  # what its own scans found (none where the driver scanned)
-        # what this step replaced is the next step's spares, unless kept for a rollback (then the state
-        # before that is: nothing else holds it, get_residuals' copies went through Ray)
-        self.spares = (self.previous or {}) if keep_previous else self.residuals
+        # what this step replaced is the next step's spares, or, kept for a rollback, its `previous` (nothing
+        # else holds either: get_residuals hands out copies)
+        self.spares = {} if keep_previous else self.residuals
         self.previous = self.residuals if keep_previous else None
         self.residuals = residuals
         return (None if self.shared is not None else results), records + ops, reports
@@ -118,8 +122,8 @@ class ExecutorActor(DataPlaneMember):
 
     def rollback(self) -> None:
         """Undo the last step's residual updates (the driver voided that step)."""
-        if self.previous is not None:
-            self.residuals, self.previous = self.previous, None
+        if self.previous is not None:  # the voided step's residuals are free: the next step writes there
+            self.residuals, self.previous, self.spares = self.previous, None, self.residuals
 
     def discard(self) -> None:
         """Nothing is half-done between calls: a failed step never committed its residuals."""
