@@ -115,6 +115,7 @@ class RankExecutor:
                           if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])
                           or handed_to_encode(op.attrs, [ops[c].attrs for c in op.consumers])}
         self._certifier = certifiers(ops, self._deferred)  # partitions an encode's payload can certify finite
+        self._certifying = frozenset(self._certifier.values())  # those encodes
         self._cond = threading.Condition()
         self._step: int | None = None
         self._lanes: dict[tuple[str, str], Lane] = {}  # (direction, peer) -> its thread, reused step after step
@@ -343,13 +344,14 @@ class RankExecutor:
         if a.get("output"):  # decodes and merges write their slice of the result in place
             start, stop = self.partitions[a["bucket"]][a["part"]]
             out = self._results[a["bucket"]][start:stop]
-        checked = (a["bucket"], a["part"]) in self._flagged  # an encode of a flagged partition checks its input
-        read = self._residuals.raw(a["ef_key"]) if a["op"] == "encode" and a.get("ef") else None
+        certifying = index in self._certifying
+        checked = certifying and (a["bucket"], a["part"]) in self._flagged  # then it encodes checked anyway
+        read = self._residuals.raw(a["ef_key"]) if certifying else None
         run = functools.partial(run_node, a, [self._values[i] for i in op.inputs], local, codecs=self._codecs,
                                 residuals=self._residuals, plan_seed=self.plan_seed, step=self._step,
                                 flagged=self._flagged, out=out, defer=index in self._deferred, spares=self._spares)
         result = run()
-        claim = self._scans.take_claim(index) if a["op"] == "encode" else None
+        claim = self._scans.take_claim(index) if certifying else None
         if claim is not None and self._scans.settle(claim, not checked and self._codecs[a["codec"]].input_was_finite(
                 result)) and not checked:  # NaN/Inf after all: encode again, checked, from the residual it read
             self._residuals.restore(a["ef_key"], read)

@@ -148,12 +148,10 @@ class PartitionScans:
         if key not in self._unscanned and not self._scanning:  # without the lock: a key is in one set or the
             return  # other while it is not scanned yet (added to the second before it leaves the first)
         with self._cond:
-            if key not in self._unscanned:
+            if not self._take(key):
                 while key in self._scanning:
                     self._cond.wait(1.0)
                 return
-            self._scanning.add(key)
-            self._unscanned.discard(key)
         self._scan(key, start, values)
 
     def claim(self, bucket: str, part: int, start: int, values: np.ndarray, certifier: int) -> bool:
@@ -162,11 +160,18 @@ class PartitionScans:
         False, and nothing claimed, unless the partition is still to be scanned."""
         key = (bucket, part)
         with self._cond:
-            if key not in self._unscanned:
+            if not self._take(key):
                 return False
-            self._scanning.add(key)
-            self._unscanned.discard(key)
             self._claims[certifier] = (key, start, values)
+        return True
+
+    def _take(self, key: tuple[str, int]) -> bool:
+        """Move ``key`` from unscanned to being scanned, if it is still unscanned (call with the lock held): it
+        enters ``_scanning`` before it leaves ``_unscanned``, so an unlocked check never sees it in neither."""
+        if key not in self._unscanned:
+            return False
+        self._scanning.add(key)
+        self._unscanned.discard(key)
         return True
 
     def take_claim(self, certifier: int) -> tuple | None:
