@@ -131,17 +131,20 @@ def _subtract_decoded(x: np.ndarray, payload: Payload) -> None:
 def _table(scale: np.float32) -> np.ndarray:
     """256 x 8 lookup table (read-only): byte ``b`` of the payload decodes to the 8 floats ``_table(scale)[b]``.
 
-    A merge decodes a payload block by block, so the table of the last scale is kept per thread (building it
-    took ~6 % of a ring/onebit actor's op time)."""
+    A merge decodes payloads block by block, and a ring hop's encode reads two (the hop's incoming payload and
+    its deferred residual's) in turns, so the tables of the last few scales are kept per thread (building one
+    took ~6 % of a ring/onebit actor's op time, and up to a fifth of a hop's encode in small blocks)."""
     key = np.float32(scale).view(np.uint32).item()  # by bits: -0.0 and NaNs have tables of their own
-    last = getattr(_last_table, "entry", None)
-    if last is not None and last[0] == key:
-        return last[1]
-    table = np.where(_BITS, -scale, scale).astype(np.float32)
-    table.flags.writeable = False
-    _last_table.entry = (key, table)
+    tables = _recent_tables.__dict__.setdefault("tables", {})
+    table = tables.get(key)
+    if table is None:
+        if len(tables) >= _TABLES_KEPT:
+            del tables[next(iter(tables))]  # the oldest
+        table = tables[key] = np.where(_BITS, -scale, scale).astype(np.float32)
+        table.flags.writeable = False
     return table
 
 
-_last_table = threading.local()
-
+#: Tables kept per thread: a hop reads two scales at a time; a few more cover a merge of several payloads.
+_TABLES_KEPT = 8
+_recent_tables = threading.local()
