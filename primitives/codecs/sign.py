@@ -11,6 +11,7 @@ import numpy as np
 
 from .base import (BLOCK, Codec, Payload, add_block, as_input, block_sum, check_length, expand_packed,
                    feedback_input, field, merges_pending, scratch)
+from . import sign_kernel
 from .residual import DeferredResidual, materialized
 
 # BLOCK: the encoder's four cheap passes measured best at half the library's CHUNK (about 10% faster than
@@ -82,30 +83,39 @@ class OneBitCodec(Codec):
                out: np.ndarray | None = None) -> Payload:
         """The payload of ``x``, or with ``addend`` of ``out = x + addend`` (written block by block as it is
         encoded; ``x`` may then be a merge still to run, ``addend`` a residual still to compute).  One sweep:
-        each block is read from memory once, then hit in cache."""
+        each block is read from memory once, then hit in cache; where the C kernel takes the inputs
+        (:mod:`primitives.codecs.sign_kernel`), in one pass, with the same floats."""
         src = x if addend is None else out
         n = x.size
         bits = np.empty((n + 7) // 8, np.uint8)
-        mask = scratch("mask", np.bool_, min(n, BLOCK))
-        mag = scratch("abs", np.float32, min(n, BLOCK))
+        fused = sign_kernel.bind(x, addend, OneBitCodec)
         total = 0.0
         for start in range(0, n, BLOCK):
-            xc = src[start : start + BLOCK]
-            if addend is not None:
-                add_block(x, addend, start, start + xc.size, xc)
-            m = xc.size
-            b = mask[:m]
-            np.less(xc, 0, out=b)
-            bits[start >> 3 : (start + m + 7) >> 3] = np.packbits(b)
-            a = mag[:m]
-            np.abs(xc, out=a)
+            stop = min(n, start + BLOCK)
+            lanes, cut = fused.block(start, stop, out, bits) if fused is not None else (None, start)
+            rest = self._block(x, addend, src, bits, cut, stop) if cut < stop else src[:0]
             with np.errstate(over="ignore"):
-                total += float(block_sum(a))
+                block_total = block_sum(rest) if lanes is None else np.add.reduce(lanes) + np.add.reduce(rest)
+            total += float(block_total)
         if not math.isfinite(total):  # float32 block sums overflowed: redo in float64
             total = float(np.abs(src.astype(np.float64)).sum())
         with np.errstate(over="ignore"):
             scale = np.array([total / n if n else 0.0], np.float32)
         return {"bits": bits, "scale": scale}
+
+    @staticmethod
+    def _block(x: np.ndarray, addend: np.ndarray | DeferredResidual | None, src: np.ndarray, bits: np.ndarray,
+               start: int, stop: int) -> np.ndarray:
+        """The NumPy sweep of ``[start, stop)`` (``start`` a multiple of 8): ``src`` computed there (``x + addend``)
+        and its sign bits packed; returns ``|src[start:stop]|`` in a scratch buffer."""
+        m = stop - start
+        xc = src[start:stop]
+        if addend is not None:
+            add_block(x, addend, start, stop, xc)
+        b = scratch("mask", np.bool_, m)
+        np.less(xc, 0, out=b)
+        bits[start >> 3 : (stop + 7) >> 3] = np.packbits(b)
+        return np.abs(xc, out=scratch("abs", np.float32, m))
 
     def input_was_finite(self, payload: Payload) -> bool:
         """The scale is the mean of ``|x|``: a NaN or Inf anywhere makes every sum of it (float32 blocks, then

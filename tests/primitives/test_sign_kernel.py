@@ -1,0 +1,144 @@
+"""onebit's C sweep kernel against the NumPy sweep: the same payload bits, scales and corrected floats, bit for bit."""
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+import pytest
+
+from primitives.codecs import sign_kernel
+from primitives.codecs.base import BLOCK
+from primitives.codecs.residual import DeferredResidual
+from primitives.codecs.sign import OneBitCodec
+from primitives.merge import Deferred, PendingMerge
+
+CODEC = OneBitCodec()
+# fewer than 128 floats: NumPy alone; 128-191: 2 lanes; 1000: 15 lanes (rows straddle the 8-wide vectors);
+# 600 * 64: 600 lanes (a multiple of 8); ragged last blocks after full ones
+SIZES = [1, 9, 127, 128, 129, 191, 1000, 4103, 600 * 64, BLOCK - 8, BLOCK, BLOCK + 200, 2 * BLOCK + 8]
+# (input, residual): a plain encode, an error-feedback one with an array or a deferred residual, each with an array
+# or a ring hop's pending merge (divisor 1, 2, or 3 with the payload first) as its input
+CASES = [("array", "none")] + [(x, a) for x in ("array", "hop merge", "hop merge / 2", "payload first / 3")
+                               for a in ("array", "deferred")]
+
+pytestmark = pytest.mark.skipif(not sign_kernel.available(), reason="the C kernel is not built or the CPU lacks AVX2")
+
+
+def test_the_kernel_is_built_on_x86_64_linux():
+    """CI builds it (a C compiler is there): a missing kernel would pass every test below as skipped."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip("the kernel is built and checked on x86-64 Linux")
+    assert sign_kernel._sign_sweep is not None and sign_kernel.available()
+
+
+def _inputs(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    own = rng.standard_normal(n).astype(np.float32)
+    own[::97] = -0.0  # encodes as + (a -0.0 is not < 0)
+    corrected = rng.standard_normal(n).astype(np.float32)
+    return dict(own=own, incoming=CODEC.encode(rng.standard_normal(n).astype(np.float32)),
+                residual=(rng.standard_normal(n) * 0.1).astype(np.float32),
+                deferred=DeferredResidual(corrected, CODEC, CODEC.encode(corrected)))
+
+
+def _x(kind: str, d: dict, n: int):
+    if kind == "array":
+        return d["own"]
+    if kind == "payload first / 3":
+        return PendingMerge([Deferred(CODEC, d["incoming"], n), d["own"]], 3, n)
+    return PendingMerge([d["own"], Deferred(CODEC, d["incoming"], n)], 2 if kind.endswith("/ 2") else 1, n)
+
+
+def _sweep(monkeypatch, kernel: bool, x, addend, n: int):
+    monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1" if kernel else "0")
+    out = None if addend is None else np.empty(n, np.float32)
+    return CODEC._sweep(x, addend, out), out
+
+
+def _assert_same(a, b):
+    (pa, oa), (pb, ob) = a, b
+    np.testing.assert_array_equal(pa["bits"], pb["bits"])
+    assert pa["scale"].view(np.uint32)[0] == pb["scale"].view(np.uint32)[0], (pa["scale"], pb["scale"])
+    if oa is not None:
+        np.testing.assert_array_equal(oa.view(np.uint32), ob.view(np.uint32))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("x_kind,addend_kind", CASES)
+def test_kernel_sweep_equals_numpy_sweep(monkeypatch, n, x_kind, addend_kind):
+    d = _inputs(n, seed=n)
+    addend = {"none": None, "array": d["residual"], "deferred": d["deferred"]}[addend_kind]
+    _assert_same(_sweep(monkeypatch, False, _x(x_kind, d, n), addend, n),
+                 _sweep(monkeypatch, True, _x(x_kind, d, n), addend, n))
+
+
+def test_kernel_runs_for_a_ring_hop_and_numpy_only_for_the_tail(monkeypatch):
+    """A hop's encode goes through the kernel: each block's first (size & ~63) elements; NumPy the last few."""
+    n = BLOCK + 200 + 5
+    d = _inputs(n, seed=1)
+    proxy = _Recording(sign_kernel._sign_sweep)
+    monkeypatch.setattr(sign_kernel, "_sign_sweep", proxy)
+    monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1")
+    CODEC._sweep(_x("hop merge", d, n), d["deferred"], np.empty(n, np.float32))
+    assert proxy.blocks == [BLOCK, 192]
+
+
+class _Recording:
+    """The kernel module with the length of each block it is handed recorded."""
+
+    def __init__(self, module):
+        self._module, self.blocks = module, []
+
+    def available(self) -> bool:
+        return self._module.available()
+
+    def sweep(self, x, *rest):
+        self.blocks.append(len(x))
+        return self._module.sweep(x, *rest)
+
+
+@pytest.mark.parametrize("case", ["nan in x", "inf in the residual", "nan scale of the incoming payload",
+                                  "inf scale of the deferred residual"])
+def test_nonfinite_inputs_give_the_same_bits_and_a_nonfinite_scale(monkeypatch, case):
+    """A NaN/Inf input makes the scale NaN/Inf on both paths (what ``input_was_finite`` relies on); a payload with
+    a non-finite scale is left to NumPy."""
+    n = BLOCK + 77
+    d = _inputs(n, seed=7)
+    if case == "nan in x":
+        d["own"][12345] = np.nan
+    elif case == "inf in the residual":
+        d["residual"][BLOCK + 3] = np.inf
+    elif case == "nan scale of the incoming payload":
+        d["incoming"] = {"bits": d["incoming"]["bits"], "scale": np.array([np.nan], np.float32)}
+    else:
+        p = d["deferred"].payload
+        d["deferred"] = DeferredResidual(d["deferred"].corrected, CODEC,
+                                         {"bits": p["bits"], "scale": np.array([np.inf], np.float32)})
+    addend = d["residual"] if case == "inf in the residual" else d["deferred"]
+    (pa, oa), (pb, ob) = (_sweep(monkeypatch, k, _x("hop merge", d, n), addend, n) for k in (False, True))
+    np.testing.assert_array_equal(pa["bits"], pb["bits"])
+    np.testing.assert_array_equal(oa, ob)  # NaNs compare equal here, whatever their payload bits
+    assert not np.isfinite(pa["scale"][0]) and not np.isfinite(pb["scale"][0])
+    assert not CODEC.input_was_finite(pb)
+
+
+def test_a_malformed_payload_fails_as_on_the_numpy_path(monkeypatch):
+    n = 4096
+    d = _inputs(n, seed=3)
+    bad = {"bits": d["incoming"]["bits"][:-1], "scale": d["incoming"]["scale"]}
+    errors = []
+    for kernel in (False, True):
+        with pytest.raises(ValueError) as err:
+            _sweep(monkeypatch, kernel, PendingMerge([d["own"], Deferred(CODEC, bad, n)], 1, n), d["residual"], n)
+        errors.append(str(err.value))
+    assert errors[0] == errors[1] and "onebit" in errors[1]
+
+
+def test_the_kernel_refuses_blocks_it_cannot_sum_as_numpy_does():
+    """Called directly with a block it does not take (fewer than 128 floats, or not a multiple of 64), it raises
+    instead of returning other floats."""
+    for n in (64, 130):
+        x = np.ones(n, np.float32)
+        with pytest.raises(ValueError, match="128 or more floats"):
+            sign_kernel._sign_sweep.sweep(x, b"", 0.0, 1.0, 0, b"", b"", 0.0, bytearray(0),
+                                          bytearray(n // 8), np.empty(n // 64, np.float32), bytearray(0))
