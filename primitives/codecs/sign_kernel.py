@@ -18,10 +18,10 @@ import numpy as np
 from .base import field, scratch
 from .residual import DeferredResidual
 
-try:
-    from . import _sign_sweep  # built by setup.py where a C compiler is there (optional)
+try:  # built by setup.py where a C compiler is there (optional)
+    from ._sign_sweep import available as _cpu_runs_kernel, sweep as _kernel_sweep
 except ImportError:  # pragma: no cover - depends on the build
-    _sign_sweep = None
+    _cpu_runs_kernel = _kernel_sweep = None
 
 _EMPTY_F = np.empty(0, np.float32)
 _EMPTY_B = np.empty(0, np.uint8)
@@ -29,7 +29,7 @@ _EMPTY_B = np.empty(0, np.uint8)
 
 def available() -> bool:
     """Whether the kernel is built, this CPU runs it, and ``CASYNC_SIGN_KERNEL`` does not turn it off."""
-    return (_sign_sweep is not None and _sign_sweep.available()
+    return (_cpu_runs_kernel is not None and _cpu_runs_kernel()
             and os.environ.get("CASYNC_SIGN_KERNEL", "1") not in ("0", "false", "no", "off"))
 
 
@@ -60,7 +60,7 @@ class FusedSweep:
         cut, lanes = start + m, m // 64
         b0, b1 = start >> 3, cut >> 3
         out_lanes = scratch("kernel lanes", np.float32, lanes)
-        _sign_sweep.sweep(
+        _kernel_sweep(
             self.x[start:cut], self.incoming[b0:b1] if self.incoming is not None else _EMPTY_B,
             self.incoming_scale, self.divisor, self.kind, self.addend[start:cut] if self.kind else _EMPTY_F,
             self.residual_bits[b0:b1] if self.kind == 2 else _EMPTY_B, self.residual_scale,

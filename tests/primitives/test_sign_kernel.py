@@ -28,7 +28,7 @@ def test_the_kernel_is_built_on_x86_64_linux():
     """CI builds it (a C compiler is there): a missing kernel would pass every test below as skipped."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         pytest.skip("the kernel is built and checked on x86-64 Linux")
-    assert sign_kernel._sign_sweep is not None and sign_kernel.available()
+    assert sign_kernel._kernel_sweep is not None and sign_kernel.available()
 
 
 def _inputs(n: int, seed: int) -> dict:
@@ -76,25 +76,11 @@ def test_kernel_runs_for_a_ring_hop_and_numpy_only_for_the_tail(monkeypatch):
     """A hop's encode goes through the kernel: each block's first (size & ~63) elements; NumPy the last few."""
     n = BLOCK + 200 + 5
     d = _inputs(n, seed=1)
-    proxy = _Recording(sign_kernel._sign_sweep)
-    monkeypatch.setattr(sign_kernel, "_sign_sweep", proxy)
+    real, blocks = sign_kernel._kernel_sweep, []
+    monkeypatch.setattr(sign_kernel, "_kernel_sweep", lambda x, *rest: blocks.append(len(x)) or real(x, *rest))
     monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1")
     CODEC._sweep(_x("hop merge", d, n), d["deferred"], np.empty(n, np.float32))
-    assert proxy.blocks == [BLOCK, 192]
-
-
-class _Recording:
-    """The kernel module with the length of each block it is handed recorded."""
-
-    def __init__(self, module):
-        self._module, self.blocks = module, []
-
-    def available(self) -> bool:
-        return self._module.available()
-
-    def sweep(self, x, *rest):
-        self.blocks.append(len(x))
-        return self._module.sweep(x, *rest)
+    assert blocks == [BLOCK, 192]
 
 
 @pytest.mark.parametrize("case", ["nan in x", "inf in the residual", "nan scale of the incoming payload",
@@ -140,5 +126,5 @@ def test_the_kernel_refuses_blocks_it_cannot_sum_as_numpy_does():
     for n in (64, 130):
         x = np.ones(n, np.float32)
         with pytest.raises(ValueError, match="128 or more floats"):
-            sign_kernel._sign_sweep.sweep(x, b"", 0.0, 1.0, 0, b"", b"", 0.0, bytearray(0),
+            sign_kernel._kernel_sweep(x, b"", 0.0, 1.0, 0, b"", b"", 0.0, bytearray(0),
                                           bytearray(n // 8), np.empty(n // 64, np.float32), bytearray(0))
