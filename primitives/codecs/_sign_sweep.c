@@ -4,8 +4,8 @@
  * incoming payload, add it, decode the deferred residual's payload, subtract, add, compare, pack, abs, and the
  * 64-row lane sums of block_sum.  This does the same float32 operations, in the same order, element by element:
  *
- *     v = x[k]                               the array term
- *     v = v + (bit ? -s : s)                 a ring hop's incoming payload (a pending merge), if any
+ *     v = t0[k] + t1[k] + ... (left to right) the terms: an array, or a pending merge of at most one array and
+ *                                            onebit payloads (t[k] = bit ? -s : s) in the merge's order
  *     v = v / divisor                        the pending merge's divisor, if not 1
  *     v = v + addend[k]                      an error-feedback residual, or
  *     v = v + (corrected[k] - (bit ? -r : r))  a deferred one
@@ -21,6 +21,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#define MAX_TERMS 64 /* a merge of more terms (a server of more than 64 workers) runs NumPy's sweep */
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
@@ -33,9 +35,12 @@ __attribute__((target("avx2"))) static inline __m256 decode8(uint8_t byte, __m25
 }
 
 typedef struct {
-    const float *x;
-    const uint8_t *incoming; /* NULL: no payload term */
-    float incoming_scale, divisor;
+    int terms;                         /* 1..MAX_TERMS, in the merge's order */
+    int array_at;                      /* the array term's position, or -1 (payloads only) */
+    const float *array;
+    const uint8_t *payload[MAX_TERMS]; /* at the other positions: the payload's bits */
+    float scale[MAX_TERMS];
+    float divisor;
     int addend_kind; /* 0: none, 1: array, 2: deferred (corrected - decode) */
     const float *addend;
     const uint8_t *residual_bits;
@@ -49,15 +54,19 @@ typedef struct {
 
 __attribute__((target("avx2"))) static void sweep_avx2(const Sweep *a) {
     const Py_ssize_t n = a->n, lanes = n / 64;
-    const __m256 incoming = _mm256_set1_ps(a->incoming_scale), residual = _mm256_set1_ps(a->residual_scale);
+    __m256 scale[MAX_TERMS];
+    for (int t = 0; t < a->terms; t++) scale[t] = _mm256_set1_ps(a->scale[t]);
+    const __m256 residual = _mm256_set1_ps(a->residual_scale);
     const __m256 divisor = _mm256_set1_ps(a->divisor), zero = _mm256_setzero_ps();
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0); /* lane 0 into movemask's bit 7 */
     for (Py_ssize_t j = 0; j < lanes; j++) a->lanes[j] = 0.0f;
     Py_ssize_t j = 0;
     for (Py_ssize_t k = 0; k < n; k += 8) {
-        __m256 v = _mm256_loadu_ps(a->x + k);
-        if (a->incoming) v = _mm256_add_ps(v, decode8(a->incoming[k >> 3], incoming));
+        __m256 v = a->array_at == 0 ? _mm256_loadu_ps(a->array + k) : decode8(a->payload[0][k >> 3], scale[0]);
+        for (int t = 1; t < a->terms; t++)
+            v = _mm256_add_ps(v, t == a->array_at ? _mm256_loadu_ps(a->array + k)
+                                                  : decode8(a->payload[t][k >> 3], scale[t]));
         if (a->divisor != 1.0f) v = _mm256_div_ps(v, divisor);
         if (a->addend_kind == 1) {
             v = _mm256_add_ps(v, _mm256_loadu_ps(a->addend + k));
@@ -99,45 +108,64 @@ static int has_avx2(void) {
 
 static PyObject *available(PyObject *self, PyObject *unused) { return PyBool_FromLong(has_avx2()); }
 
-/* sweep(x, incoming, incoming_scale, divisor, addend_kind, addend, residual_bits, residual_scale, out, bits, lanes,
- *       magnitudes): buffers C-contiguous, an unused one empty; n = len(x) a multiple of 64, at least 128. */
+/* sweep(terms, array_at, scales, divisor, addend_kind, addend, residual_bits, residual_scale, out, bits, lanes,
+ *       magnitudes): ``terms`` a tuple of buffers in the merge's order (the float32 array at ``array_at``, payload
+ *       bits elsewhere), ``scales`` a tuple of floats (the payloads' scales; any float at ``array_at``); buffers
+ *       C-contiguous, an unused one empty; n, the block's length, a multiple of 64, at least 128. */
 static PyObject *sweep(PyObject *self, PyObject *args) {
-    Py_buffer x, incoming, addend, residual_bits, out, bits, lanes, magnitudes;
-    float incoming_scale, divisor, residual_scale;
-    int addend_kind;
-    if (!PyArg_ParseTuple(args, "y*y*ffiy*y*fw*w*w*w*", &x, &incoming, &incoming_scale, &divisor, &addend_kind,
-                          &addend, &residual_bits, &residual_scale, &out, &bits, &lanes, &magnitudes))
+    PyObject *terms, *scales;
+    int array_at, addend_kind;
+    float divisor, residual_scale;
+    Py_buffer addend, residual_bits, out, bits, lanes, magnitudes, term[MAX_TERMS];
+    if (!PyArg_ParseTuple(args, "O!iO!fiy*y*fw*w*w*w*", &PyTuple_Type, &terms, &array_at, &PyTuple_Type, &scales,
+                          &divisor, &addend_kind, &addend, &residual_bits, &residual_scale, &out, &bits, &lanes,
+                          &magnitudes))
         return NULL;
-    PyObject *result = Py_None;
-    const Py_ssize_t n = x.len / (Py_ssize_t)sizeof(float), f = (Py_ssize_t)sizeof(float);
+    const Py_ssize_t k = PyTuple_GET_SIZE(terms), n = bits.len * 8, f = (Py_ssize_t)sizeof(float);
     const int straddle = (n / 64) % 8 != 0;
-    if (!has_avx2() || n % 64 != 0 || n < 128 || lanes.len != n / 64 * f || bits.len != n / 8 ||
-        (incoming.len && incoming.len != n / 8) || (addend_kind && addend.len != n * f) ||
-        (addend_kind == 2 && residual_bits.len != n / 8) || (out.len && out.len != n * f) ||
-        (straddle && magnitudes.len != n * f)) {
-        PyErr_SetString(PyExc_ValueError, "sign sweep kernel: needs AVX2 and a block of 128 or more floats, a "
-                                          "multiple of 64, with buffers of its length");
-        result = NULL;
+    int held = 0, ok = k >= 1 && k <= MAX_TERMS && PyTuple_GET_SIZE(scales) == k && array_at >= -1 && array_at < k;
+    for (; ok && held < k; held++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(terms, held), &term[held], PyBUF_C_CONTIGUOUS) < 0) break;
+        ok = term[held].len == (held == array_at ? n * f : n / 8);
     }
+    ok = ok && held == k && !PyErr_Occurred();
+    float scale[MAX_TERMS];
+    for (Py_ssize_t t = 0; ok && t < k; t++) {
+        scale[t] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(scales, t));
+        ok = !PyErr_Occurred();
+    }
+    if (ok && (!has_avx2() || n % 64 != 0 || n < 128 || lanes.len != n / 64 * f || (addend_kind && addend.len != n * f) ||
+               (addend_kind == 2 && residual_bits.len != n / 8) || (out.len && out.len != n * f) ||
+               (straddle && magnitudes.len != n * f))) {
+        ok = 0;
+    }
+    if (!ok && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "sign sweep kernel: needs AVX2, 1 to 64 terms (at most one array) and a "
+                                          "block of 128 or more floats, a multiple of 64, with buffers of its length");
 #ifdef HAVE_AVX2_PATH
-    else {
-        Sweep a = {x.buf, incoming.len ? incoming.buf : NULL, incoming_scale, divisor, addend_kind, addend.buf,
-                   residual_bits.buf, residual_scale, out.len ? out.buf : NULL, bits.buf, lanes.buf,
-                   straddle ? magnitudes.buf : NULL, n};
+    if (ok) {
+        Sweep a = {.terms = (int)k, .array_at = array_at, .array = array_at >= 0 ? term[array_at].buf : NULL,
+                   .divisor = divisor, .addend_kind = addend_kind, .addend = addend.buf,
+                   .residual_bits = residual_bits.buf, .residual_scale = residual_scale,
+                   .out = out.len ? out.buf : NULL, .bits = bits.buf, .lanes = lanes.buf,
+                   .magnitudes = straddle ? magnitudes.buf : NULL, .n = n};
+        for (Py_ssize_t t = 0; t < k; t++) {
+            a.payload[t] = t == array_at ? NULL : term[t].buf;
+            a.scale[t] = scale[t];
+        }
         Py_BEGIN_ALLOW_THREADS
         sweep_avx2(&a);
         Py_END_ALLOW_THREADS
     }
 #endif
-    PyBuffer_Release(&x);
-    PyBuffer_Release(&incoming);
+    for (int t = 0; t < held; t++) PyBuffer_Release(&term[t]);
     PyBuffer_Release(&addend);
     PyBuffer_Release(&residual_bits);
     PyBuffer_Release(&out);
     PyBuffer_Release(&bits);
     PyBuffer_Release(&lanes);
     PyBuffer_Release(&magnitudes);
-    if (result == NULL) return NULL;
+    if (!ok) return NULL;
     Py_RETURN_NONE;
 }
 

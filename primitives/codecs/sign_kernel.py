@@ -3,10 +3,11 @@ has AVX2, bit for bit the NumPy sweep of :mod:`primitives.codecs.sign`.
 
 The NumPy sweep makes about nine passes over each cache-sized block (decode the incoming payload, add it, decode
 the deferred residual's payload, subtract, add, compare, pack, abs, lane sums); the kernel makes one, with the same
-float32 operations in the same order, and releases the GIL while it runs.  It takes the common inputs: an array,
-or a ring hop's pending merge of an array and one onebit payload; no residual, an array residual or a deferred
-onebit one.  Anything else (other merges, a non-finite scale, a block of fewer than 128 floats, no kernel) runs
-the NumPy sweep, which stays the reference.  ``CASYNC_SIGN_KERNEL=0`` turns the kernel off.
+float32 operations in the same order, and releases the GIL while it runs.  It takes the inputs onebit's encodes
+get: an array, or a pending merge of at most one array and onebit payloads (a ring hop's, a parameter server's);
+no residual, an array residual or a deferred onebit one.  Anything else (sparse or other codecs' inputs, two
+arrays, a non-finite scale, a block of fewer than 128 floats, no kernel) runs the NumPy sweep, which stays the
+reference.  ``CASYNC_SIGN_KERNEL=0`` turns the kernel off.
 """
 from __future__ import annotations
 
@@ -36,11 +37,11 @@ def available() -> bool:
 class FusedSweep:
     """The inputs of one onebit sweep bound to the kernel: :meth:`block` runs it over most of a block."""
 
-    __slots__ = ("x", "incoming", "incoming_scale", "divisor", "kind", "addend", "residual_bits", "residual_scale")
+    __slots__ = ("terms", "array_at", "scales", "divisor", "kind", "addend", "residual_bits", "residual_scale")
 
-    def __init__(self, x: np.ndarray, incoming: np.ndarray | None, incoming_scale: float, divisor: int,
+    def __init__(self, terms: list[np.ndarray], array_at: int, scales: list[float], divisor: int,
                  addend: np.ndarray | DeferredResidual | None):
-        self.x, self.incoming, self.incoming_scale, self.divisor = x, incoming, incoming_scale, float(divisor)
+        self.terms, self.array_at, self.scales, self.divisor = terms, array_at, tuple(scales), float(divisor)
         if addend is None:
             self.kind, self.addend, self.residual_bits, self.residual_scale = 0, _EMPTY_F, _EMPTY_B, 0.0
         elif isinstance(addend, DeferredResidual):
@@ -59,52 +60,52 @@ class FusedSweep:
             return None, start
         cut, lanes = start + m, m // 64
         b0, b1 = start >> 3, cut >> 3
+        terms = tuple(t[start:cut] if i == self.array_at else t[b0:b1] for i, t in enumerate(self.terms))
         out_lanes = scratch("kernel lanes", np.float32, lanes)
-        _kernel_sweep(
-            self.x[start:cut], self.incoming[b0:b1] if self.incoming is not None else _EMPTY_B,
-            self.incoming_scale, self.divisor, self.kind, self.addend[start:cut] if self.kind else _EMPTY_F,
-            self.residual_bits[b0:b1] if self.kind == 2 else _EMPTY_B, self.residual_scale,
-            out[start:cut] if out is not None else _EMPTY_F, bits[b0:b1],
-            out_lanes, scratch("kernel magnitudes", np.float32, m) if lanes % 8 else _EMPTY_F)
+        _kernel_sweep(terms, self.array_at, self.scales, self.divisor, self.kind,
+                      self.addend[start:cut] if self.kind else _EMPTY_F,
+                      self.residual_bits[b0:b1] if self.kind == 2 else _EMPTY_B, self.residual_scale,
+                      out[start:cut] if out is not None else _EMPTY_F, bits[b0:b1],
+                      out_lanes, scratch("kernel magnitudes", np.float32, m) if lanes % 8 else _EMPTY_F)
         return out_lanes, cut
 
 
+#: Terms the kernel adds at most (a parameter server's merge of more workers' payloads runs NumPy's sweep).
+MAX_TERMS = 64
+
+
 def bind(x: Any, addend: Any, onebit: type) -> FusedSweep | None:
-    """A :class:`FusedSweep` for these inputs of ``onebit``'s sweep (``x``: an array or a pending merge; ``addend``:
-    None, an array or a deferred residual), or None where the kernel cannot take them."""
+    """A :class:`FusedSweep` for these inputs of ``onebit``'s sweep (``x``: an array or a pending merge of at most
+    one array and onebit payloads; ``addend``: None, an array or a deferred onebit residual), or None where the
+    kernel cannot take them."""
     if not available():
         return None
-    if isinstance(x, np.ndarray):
-        array, incoming, scale, divisor = x, None, 0.0, 1
-    else:
-        array, incoming, scale, divisor = _hop_merge(x, onebit)
-        if array is None:
-            return None
-    if not _dense(array) or (addend is None and incoming is not None):
+    inputs, divisor = ((x,), 1) if isinstance(x, np.ndarray) else (tuple(getattr(x, "inputs", ())), x.divisor)
+    n, terms, scales, array_at = x.size, [], [], -1
+    if not 1 <= len(inputs) <= MAX_TERMS or (addend is None and not isinstance(x, np.ndarray)):
         return None
+    for i, term in enumerate(inputs):
+        if isinstance(term, np.ndarray):  # at most one array: NaN + NaN between two arrays is NumPy's to pick
+            if array_at >= 0 or not _dense(term) or term.size != n:
+                return None
+            array_at, scale = i, 0.0
+            terms.append(term)
+        elif isinstance(getattr(term, "codec", None), onebit) and hasattr(term, "payload") and term.n == n:
+            if not _finite(term.payload, n, term.codec):
+                return None
+            terms.append(term.payload["bits"])
+            scale = float(term.payload["scale"][0])
+        else:
+            return None
+        scales.append(scale)
     if addend is not None:
         if isinstance(addend, DeferredResidual):
-            if not (isinstance(addend.codec, onebit) and _dense(addend.corrected) and addend.size == array.size
-                    and _finite(addend.payload, addend.size, addend.codec)):
+            if not (isinstance(addend.codec, onebit) and _dense(addend.corrected) and addend.size == n
+                    and _finite(addend.payload, n, addend.codec)):
                 return None
-        elif not (_dense(addend) and addend.size == array.size):
+        elif not (_dense(addend) and addend.size == n):
             return None
-    return FusedSweep(array, incoming, scale, divisor, addend)
-
-
-def _hop_merge(x: Any, onebit: type) -> tuple[Any, Any, float, int]:
-    """``(array, payload bits, payload scale, divisor)`` of a pending merge of one array and one onebit payload with
-    a finite scale (in either order: IEEE addition is commutative), else ``(None, ...)``."""
-    inputs = getattr(x, "inputs", ())
-    if len(inputs) != 2:
-        return None, None, 0.0, 1
-    array = next((i for i in inputs if isinstance(i, np.ndarray)), None)
-    deferred = next((i for i in inputs if not isinstance(i, np.ndarray)), None)
-    if (array is None or deferred is None or not hasattr(deferred, "payload")
-            or not isinstance(getattr(deferred, "codec", None), onebit) or deferred.n != array.size
-            or not _finite(deferred.payload, deferred.n, deferred.codec)):
-        return None, None, 0.0, 1
-    return array, deferred.payload["bits"], float(deferred.payload["scale"][0]), x.divisor
+    return FusedSweep(terms, array_at, scales, divisor, addend)
 
 
 def _dense(a: Any) -> bool:

@@ -17,9 +17,12 @@ CODEC = OneBitCodec()
 # 600 * 64: 600 lanes (a multiple of 8); ragged last blocks after full ones
 SIZES = [1, 9, 127, 128, 129, 191, 1000, 4103, 600 * 64, BLOCK - 8, BLOCK, BLOCK + 200, 2 * BLOCK + 8]
 # (input, residual): a plain encode, an error-feedback one with an array or a deferred residual, each with an array
-# or a ring hop's pending merge (divisor 1, 2, or 3 with the payload first) as its input
-CASES = [("array", "none")] + [(x, a) for x in ("array", "hop merge", "hop merge / 2", "payload first / 3")
-                               for a in ("array", "deferred")]
+# or a pending merge as its input: a ring hop's (the array and one payload; divisor 1, 2, or 3 with the payload
+# first), a co-located parameter server's (its worker's array among 3 payloads, divisor 4), a dedicated server's
+# (4 payloads), and one of two arrays (left to NumPy)
+MERGES = ["array", "hop merge", "hop merge / 2", "payload first / 3", "server merge / 4", "payloads only / 4",
+          "two arrays"]
+CASES = [("array", "none")] + [(x, a) for x in MERGES for a in ("array", "deferred")]
 
 pytestmark = pytest.mark.skipif(not sign_kernel.available(), reason="the C kernel is not built or the CPU lacks AVX2")
 
@@ -37,16 +40,20 @@ def _inputs(n: int, seed: int) -> dict:
     own[::97] = -0.0  # encodes as + (a -0.0 is not < 0)
     corrected = rng.standard_normal(n).astype(np.float32)
     return dict(own=own, incoming=CODEC.encode(rng.standard_normal(n).astype(np.float32)),
+                others=[CODEC.encode(rng.standard_normal(n).astype(np.float32)) for _ in range(3)],
                 residual=(rng.standard_normal(n) * 0.1).astype(np.float32),
                 deferred=DeferredResidual(corrected, CODEC, CODEC.encode(corrected)))
 
 
 def _x(kind: str, d: dict, n: int):
-    if kind == "array":
-        return d["own"]
-    if kind == "payload first / 3":
-        return PendingMerge([Deferred(CODEC, d["incoming"], n), d["own"]], 3, n)
-    return PendingMerge([d["own"], Deferred(CODEC, d["incoming"], n)], 2 if kind.endswith("/ 2") else 1, n)
+    own, payloads = d["own"], [Deferred(CODEC, p, n) for p in [d["incoming"]] + d["others"]]
+    return {"array": lambda: own,
+            "hop merge": lambda: PendingMerge([own, payloads[0]], 1, n),
+            "hop merge / 2": lambda: PendingMerge([own, payloads[0]], 2, n),
+            "payload first / 3": lambda: PendingMerge([payloads[0], own], 3, n),
+            "server merge / 4": lambda: PendingMerge([payloads[1], payloads[2], own, payloads[0]], 4, n),
+            "payloads only / 4": lambda: PendingMerge(payloads, 4, n),
+            "two arrays": lambda: PendingMerge([own, d["residual"]], 2, n)}[kind]()
 
 
 def _sweep(monkeypatch, kernel: bool, x, addend, n: int):
@@ -72,15 +79,18 @@ def test_kernel_sweep_equals_numpy_sweep(monkeypatch, n, x_kind, addend_kind):
                  _sweep(monkeypatch, True, _x(x_kind, d, n), addend, n))
 
 
-def test_kernel_runs_for_a_ring_hop_and_numpy_only_for_the_tail(monkeypatch):
-    """A hop's encode goes through the kernel: each block's first (size & ~63) elements; NumPy the last few."""
+@pytest.mark.parametrize("x_kind,kernel_blocks", [("hop merge", [BLOCK, 192]), ("server merge / 4", [BLOCK, 192]),
+                                                   ("payloads only / 4", [BLOCK, 192]), ("two arrays", [])])
+def test_which_encodes_the_kernel_runs(monkeypatch, x_kind, kernel_blocks):
+    """Ring hops' and servers' encodes go through the kernel, each block's first (size & ~63) elements (NumPy the
+    last few); a merge of two arrays does not."""
     n = BLOCK + 200 + 5
     d = _inputs(n, seed=1)
     real, blocks = sign_kernel._kernel_sweep, []
-    monkeypatch.setattr(sign_kernel, "_kernel_sweep", lambda x, *rest: blocks.append(len(x)) or real(x, *rest))
+    monkeypatch.setattr(sign_kernel, "_kernel_sweep", lambda *a: blocks.append(len(a[9]) * 8) or real(*a))
     monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1")
-    CODEC._sweep(_x("hop merge", d, n), d["deferred"], np.empty(n, np.float32))
-    assert blocks == [BLOCK, 192]
+    CODEC._sweep(_x(x_kind, d, n), d["deferred"], np.empty(n, np.float32))
+    assert blocks == kernel_blocks
 
 
 @pytest.mark.parametrize("case", ["nan in x", "inf in the residual", "nan scale of the incoming payload",
@@ -126,5 +136,5 @@ def test_the_kernel_refuses_blocks_it_cannot_sum_as_numpy_does():
     for n in (64, 130):
         x = np.ones(n, np.float32)
         with pytest.raises(ValueError, match="128 or more floats"):
-            sign_kernel._kernel_sweep(x, b"", 0.0, 1.0, 0, b"", b"", 0.0, bytearray(0),
-                                          bytearray(n // 8), np.empty(n // 64, np.float32), bytearray(0))
+            sign_kernel._kernel_sweep((x,), 0, (0.0,), 1.0, 0, b"", b"", 0.0, bytearray(0), bytearray(n // 8),
+                                      np.empty(n // 64, np.float32), bytearray(0))
