@@ -135,13 +135,18 @@ def _length(x: Input) -> int:
 
 def _merge_blocks(inputs: Sequence[np.ndarray | Deferred], divisor: int, out: np.ndarray | None) -> np.ndarray:
     """:func:`run_merge` block by block (:meth:`PendingMerge.into`), decoding :class:`Deferred` inputs one
-    cache-sized block at a time: the same additions in the same order, so the same floats."""
+    cache-sized block at a time, or through the codec's one-pass merge (``Codec.fused_merge``) where it has one:
+    the same additions in the same order, so the same floats."""
     n = _length(inputs[0])
     acc = np.empty(n, np.float32) if out is None else out
     pending = PendingMerge(inputs, divisor, n)
+    codec = next(x.codec for x in inputs if isinstance(x, Deferred))
+    fused = codec.fused_merge(inputs, divisor)  # the codec's one-pass merge of these inputs, if it has one
     for start in range(0, n, BLOCK):
         stop = min(n, start + BLOCK)
-        pending.into(start, stop, acc[start:stop])
+        cut = start if fused is None else fused.block(start, stop, acc)
+        if cut < stop:
+            pending.into(cut, stop, acc[cut:stop])
     return acc
 
 

@@ -1,4 +1,5 @@
-/* onebit's encode sweep of one block in one pass over memory (AVX2), for primitives/codecs/sign_kernel.py.
+/* onebit's encode sweep, and its merges, of one block in one pass over memory (AVX2), for
+ * primitives/codecs/sign_kernel.py.
  *
  * The NumPy sweep (primitives/codecs/sign.py) makes about nine passes over each cache-sized block: decode the
  * incoming payload, add it, decode the deferred residual's payload, subtract, add, compare, pack, abs, and the
@@ -13,7 +14,8 @@
  *     lanes[k % L] += |v|                    block_sum's 64 rows of L = m/64 elements, added row after row
  *
  * so every result, bit and lane sum equals NumPy's (tests/primitives/test_sign_kernel.py holds it).  The caller
- * sums the lanes (NumPy's pairwise reduce) and the ragged tail.  No FMA contraction, no fast-math: IEEE float32
+ * sums the lanes (NumPy's pairwise reduce) and the ragged tail.  merge() writes the first two lines' v alone: an
+ * all-gather's decode-and-sum of payloads (NumPy: a decode and an add per payload).  No FMA contraction, no fast-math: IEEE float32
  * adds, subtracts and divides as NumPy's loops do them.  Compiled for AVX2 through a target attribute and used
  * only where the CPU has it (available()); elsewhere the NumPy sweep runs.
  */
@@ -52,6 +54,23 @@ typedef struct {
     Py_ssize_t n;      /* a multiple of 64, at least 128: L = n / 64 >= 2 lanes */
 } Sweep;
 
+/* Elements k..k+7 of the merge: its terms added left to right, then divided (as primitives.merge.run_merge). */
+__attribute__((target("avx2"))) static inline __m256 merged8(const Sweep *a, const __m256 *scale, __m256 divisor,
+                                                            Py_ssize_t k) {
+    __m256 v = a->array_at == 0 ? _mm256_loadu_ps(a->array + k) : decode8(a->payload[0][k >> 3], scale[0]);
+    for (int t = 1; t < a->terms; t++)
+        v = _mm256_add_ps(v, t == a->array_at ? _mm256_loadu_ps(a->array + k) : decode8(a->payload[t][k >> 3], scale[t]));
+    return a->divisor != 1.0f ? _mm256_div_ps(v, divisor) : v;
+}
+
+/* The merge alone, into out: a decode-and-sum of payloads (an all-gather's, a one-way server's). */
+__attribute__((target("avx2"))) static void merge_avx2(const Sweep *a) {
+    __m256 scale[MAX_TERMS];
+    for (int t = 0; t < a->terms; t++) scale[t] = _mm256_set1_ps(a->scale[t]);
+    const __m256 divisor = _mm256_set1_ps(a->divisor);
+    for (Py_ssize_t k = 0; k < a->n; k += 8) _mm256_storeu_ps(a->out + k, merged8(a, scale, divisor, k));
+}
+
 __attribute__((target("avx2"))) static void sweep_avx2(const Sweep *a) {
     const Py_ssize_t n = a->n, lanes = n / 64;
     __m256 scale[MAX_TERMS];
@@ -63,11 +82,7 @@ __attribute__((target("avx2"))) static void sweep_avx2(const Sweep *a) {
     for (Py_ssize_t j = 0; j < lanes; j++) a->lanes[j] = 0.0f;
     Py_ssize_t j = 0;
     for (Py_ssize_t k = 0; k < n; k += 8) {
-        __m256 v = a->array_at == 0 ? _mm256_loadu_ps(a->array + k) : decode8(a->payload[0][k >> 3], scale[0]);
-        for (int t = 1; t < a->terms; t++)
-            v = _mm256_add_ps(v, t == a->array_at ? _mm256_loadu_ps(a->array + k)
-                                                  : decode8(a->payload[t][k >> 3], scale[t]));
-        if (a->divisor != 1.0f) v = _mm256_div_ps(v, divisor);
+        __m256 v = merged8(a, scale, divisor, k);
         if (a->addend_kind == 1) {
             v = _mm256_add_ps(v, _mm256_loadu_ps(a->addend + k));
         } else if (a->addend_kind == 2) {
@@ -108,48 +123,65 @@ static int has_avx2(void) {
 
 static PyObject *available(PyObject *self, PyObject *unused) { return PyBool_FromLong(has_avx2()); }
 
+/* Acquire the merge's term buffers (``terms``: a tuple, the float32 array at ``array_at``, payload bits elsewhere)
+ * and scales (a tuple of floats, any float at ``array_at``) for a block of ``n`` floats; ``*held`` buffers are
+ * acquired (release them whatever the result).  Returns 0 with an exception set where they do not fit. */
+static int acquire_terms(PyObject *terms, int array_at, PyObject *scales, Py_ssize_t n, Py_buffer *term, float *scale,
+                         int *held) {
+    const Py_ssize_t k = PyTuple_GET_SIZE(terms);
+    *held = 0;
+    if (k < 1 || k > MAX_TERMS || PyTuple_GET_SIZE(scales) != k || array_at < -1 || array_at >= k) goto bad;
+    for (; *held < k; (*held)++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(terms, *held), &term[*held], PyBUF_C_CONTIGUOUS) < 0) return 0;
+        if (term[*held].len != (*held == array_at ? n * (Py_ssize_t)sizeof(float) : n / 8)) {
+            (*held)++;
+            goto bad;
+        }
+    }
+    for (Py_ssize_t t = 0; t < k; t++) {
+        scale[t] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(scales, t));
+        if (PyErr_Occurred()) return 0;
+    }
+    return 1;
+bad:
+    PyErr_SetString(PyExc_ValueError, "sign sweep kernel: 1 to 64 terms (at most one array) of the block's length");
+    return 0;
+}
+
+static void release(Py_buffer *buffers, int count) {
+    for (int i = 0; i < count; i++) PyBuffer_Release(&buffers[i]);
+}
+
 /* sweep(terms, array_at, scales, divisor, addend_kind, addend, residual_bits, residual_scale, out, bits, lanes,
- *       magnitudes): ``terms`` a tuple of buffers in the merge's order (the float32 array at ``array_at``, payload
- *       bits elsewhere), ``scales`` a tuple of floats (the payloads' scales; any float at ``array_at``); buffers
- *       C-contiguous, an unused one empty; n, the block's length, a multiple of 64, at least 128. */
+ *       magnitudes): the encode sweep of a block of n = 8 * len(bits) floats (a multiple of 64, at least 128);
+ *       buffers C-contiguous, an unused one empty. */
 static PyObject *sweep(PyObject *self, PyObject *args) {
     PyObject *terms, *scales;
-    int array_at, addend_kind;
-    float divisor, residual_scale;
-    Py_buffer addend, residual_bits, out, bits, lanes, magnitudes, term[MAX_TERMS];
+    int array_at, addend_kind, held = 0;
+    float divisor, residual_scale, scale[MAX_TERMS];
+    Py_buffer view[6], term[MAX_TERMS]; /* addend, residual bits, out, bits, lanes, magnitudes */
     if (!PyArg_ParseTuple(args, "O!iO!fiy*y*fw*w*w*w*", &PyTuple_Type, &terms, &array_at, &PyTuple_Type, &scales,
-                          &divisor, &addend_kind, &addend, &residual_bits, &residual_scale, &out, &bits, &lanes,
-                          &magnitudes))
+                          &divisor, &addend_kind, &view[0], &view[1], &residual_scale, &view[2], &view[3], &view[4],
+                          &view[5]))
         return NULL;
-    const Py_ssize_t k = PyTuple_GET_SIZE(terms), n = bits.len * 8, f = (Py_ssize_t)sizeof(float);
+    const Py_ssize_t n = view[3].len * 8, f = (Py_ssize_t)sizeof(float);
     const int straddle = (n / 64) % 8 != 0;
-    int held = 0, ok = k >= 1 && k <= MAX_TERMS && PyTuple_GET_SIZE(scales) == k && array_at >= -1 && array_at < k;
-    for (; ok && held < k; held++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(terms, held), &term[held], PyBUF_C_CONTIGUOUS) < 0) break;
-        ok = term[held].len == (held == array_at ? n * f : n / 8);
-    }
-    ok = ok && held == k && !PyErr_Occurred();
-    float scale[MAX_TERMS];
-    for (Py_ssize_t t = 0; ok && t < k; t++) {
-        scale[t] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(scales, t));
-        ok = !PyErr_Occurred();
-    }
-    if (ok && (!has_avx2() || n % 64 != 0 || n < 128 || lanes.len != n / 64 * f || (addend_kind && addend.len != n * f) ||
-               (addend_kind == 2 && residual_bits.len != n / 8) || (out.len && out.len != n * f) ||
-               (straddle && magnitudes.len != n * f))) {
+    int ok = acquire_terms(terms, array_at, scales, n, term, scale, &held);
+    if (ok && (!has_avx2() || n % 64 != 0 || n < 128 || view[4].len != n / 64 * f ||
+               (addend_kind && view[0].len != n * f) || (addend_kind == 2 && view[1].len != n / 8) ||
+               (view[2].len && view[2].len != n * f) || (straddle && view[5].len != n * f))) {
+        PyErr_SetString(PyExc_ValueError, "sign sweep kernel: needs AVX2 and a block of 128 or more floats, a "
+                                          "multiple of 64, with buffers of its length");
         ok = 0;
     }
-    if (!ok && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "sign sweep kernel: needs AVX2, 1 to 64 terms (at most one array) and a "
-                                          "block of 128 or more floats, a multiple of 64, with buffers of its length");
 #ifdef HAVE_AVX2_PATH
     if (ok) {
-        Sweep a = {.terms = (int)k, .array_at = array_at, .array = array_at >= 0 ? term[array_at].buf : NULL,
-                   .divisor = divisor, .addend_kind = addend_kind, .addend = addend.buf,
-                   .residual_bits = residual_bits.buf, .residual_scale = residual_scale,
-                   .out = out.len ? out.buf : NULL, .bits = bits.buf, .lanes = lanes.buf,
-                   .magnitudes = straddle ? magnitudes.buf : NULL, .n = n};
-        for (Py_ssize_t t = 0; t < k; t++) {
+        Sweep a = {.terms = (int)PyTuple_GET_SIZE(terms), .array_at = array_at,
+                   .array = array_at >= 0 ? term[array_at].buf : NULL, .divisor = divisor,
+                   .addend_kind = addend_kind, .addend = view[0].buf, .residual_bits = view[1].buf,
+                   .residual_scale = residual_scale, .out = view[2].len ? view[2].buf : NULL, .bits = view[3].buf,
+                   .lanes = view[4].buf, .magnitudes = straddle ? view[5].buf : NULL, .n = n};
+        for (int t = 0; t < a.terms; t++) {
             a.payload[t] = t == array_at ? NULL : term[t].buf;
             a.scale[t] = scale[t];
         }
@@ -158,13 +190,42 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
 #endif
-    for (int t = 0; t < held; t++) PyBuffer_Release(&term[t]);
-    PyBuffer_Release(&addend);
-    PyBuffer_Release(&residual_bits);
+    release(term, held);
+    release(view, 6);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* merge(terms, array_at, scales, divisor, out): the merge alone of a block of n = len(out) floats (a multiple of 8),
+ * written into out. */
+static PyObject *merge(PyObject *self, PyObject *args) {
+    PyObject *terms, *scales;
+    int array_at, held = 0;
+    float divisor, scale[MAX_TERMS];
+    Py_buffer out, term[MAX_TERMS];
+    if (!PyArg_ParseTuple(args, "O!iO!fw*", &PyTuple_Type, &terms, &array_at, &PyTuple_Type, &scales, &divisor, &out))
+        return NULL;
+    const Py_ssize_t n = out.len / (Py_ssize_t)sizeof(float);
+    int ok = acquire_terms(terms, array_at, scales, n, term, scale, &held);
+    if (ok && (!has_avx2() || n % 8 != 0 || n < 8)) {
+        PyErr_SetString(PyExc_ValueError, "sign merge kernel: needs AVX2 and a block of a multiple of 8 floats");
+        ok = 0;
+    }
+#ifdef HAVE_AVX2_PATH
+    if (ok) {
+        Sweep a = {.terms = (int)PyTuple_GET_SIZE(terms), .array_at = array_at,
+                   .array = array_at >= 0 ? term[array_at].buf : NULL, .divisor = divisor, .out = out.buf, .n = n};
+        for (int t = 0; t < a.terms; t++) {
+            a.payload[t] = t == array_at ? NULL : term[t].buf;
+            a.scale[t] = scale[t];
+        }
+        Py_BEGIN_ALLOW_THREADS
+        merge_avx2(&a);
+        Py_END_ALLOW_THREADS
+    }
+#endif
+    release(term, held);
     PyBuffer_Release(&out);
-    PyBuffer_Release(&bits);
-    PyBuffer_Release(&lanes);
-    PyBuffer_Release(&magnitudes);
     if (!ok) return NULL;
     Py_RETURN_NONE;
 }
@@ -172,6 +233,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"available", available, METH_NOARGS, "Whether this CPU runs the kernel (AVX2)."},
     {"sweep", sweep, METH_VARARGS, "onebit's encode sweep of one block in one pass (see the file's comment)."},
+    {"merge", merge, METH_VARARGS, "A merge of onebit payloads (and at most one array) of one block, in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

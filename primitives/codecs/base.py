@@ -136,6 +136,12 @@ class Codec(ABC):
         their indices instead of adding a decoded tensor of zeros (``primitives.merge``)."""
         raise NotImplementedError(f"codec {self.name!r} does not decode to sparse entries")
 
+    def fused_merge(self, inputs: Any, divisor: int) -> Any:
+        """A one-pass merge of ``inputs`` (arrays and ``primitives.merge.Deferred`` decodes of this codec's
+        payloads) with ``block(start, stop, out) -> cut`` writing the merge's ``[start, cut)`` into ``out``, or None
+        (the default): the merge then decodes and adds block by block.  Bit for bit that merge where given."""
+        return None
+
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         """Encode ``x`` and leave in ``x`` (in place) what the payload does not carry: ``x - decode(payload)``.
 

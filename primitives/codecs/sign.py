@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -116,6 +117,11 @@ class OneBitCodec(Codec):
         np.less(xc, 0, out=b)
         bits[start >> 3 : (stop + 7) >> 3] = np.packbits(b)
         return np.abs(xc, out=scratch("abs", np.float32, m))
+
+    def fused_merge(self, inputs: Any, divisor: int) -> sign_kernel.FusedMerge | None:
+        """An all-gather's (or a one-way server's) decode-and-sum of onebit payloads in one pass, where the C
+        kernel takes them (:func:`primitives.codecs.sign_kernel.bind_merge`)."""
+        return sign_kernel.bind_merge(inputs, divisor, OneBitCodec)
 
     def input_was_finite(self, payload: Payload) -> bool:
         """The scale is the mean of ``|x|``: a NaN or Inf anywhere makes every sum of it (float32 blocks, then

@@ -20,9 +20,9 @@ from .base import field, scratch
 from .residual import DeferredResidual
 
 try:  # built by setup.py where a C compiler is there (optional)
-    from ._sign_sweep import available as _cpu_runs_kernel, sweep as _kernel_sweep
+    from ._sign_sweep import available as _cpu_runs_kernel, merge as _kernel_merge, sweep as _kernel_sweep
 except ImportError:  # pragma: no cover - depends on the build
-    _cpu_runs_kernel = _kernel_sweep = None
+    _cpu_runs_kernel = _kernel_merge = _kernel_sweep = None
 
 _EMPTY_F = np.empty(0, np.float32)
 _EMPTY_B = np.empty(0, np.uint8)
@@ -80,24 +80,16 @@ def bind(x: Any, addend: Any, onebit: type) -> FusedSweep | None:
     kernel cannot take them."""
     if not available():
         return None
-    inputs, divisor = ((x,), 1) if isinstance(x, np.ndarray) else (tuple(getattr(x, "inputs", ())), x.divisor)
-    n, terms, scales, array_at = x.size, [], [], -1
-    if not 1 <= len(inputs) <= MAX_TERMS or (addend is None and not isinstance(x, np.ndarray)):
+    if isinstance(x, np.ndarray):
+        inputs, divisor = (x,), 1
+    elif addend is not None:
+        inputs, divisor = tuple(getattr(x, "inputs", ())), x.divisor
+    else:
         return None
-    for i, term in enumerate(inputs):
-        if isinstance(term, np.ndarray):  # at most one array: NaN + NaN between two arrays is NumPy's to pick
-            if array_at >= 0 or not _dense(term) or term.size != n:
-                return None
-            array_at, scale = i, 0.0
-            terms.append(term)
-        elif isinstance(getattr(term, "codec", None), onebit) and hasattr(term, "payload") and term.n == n:
-            if not _finite(term.payload, n, term.codec):
-                return None
-            terms.append(term.payload["bits"])
-            scale = float(term.payload["scale"][0])
-        else:
-            return None
-        scales.append(scale)
+    n = x.size
+    merged = _terms(inputs, n, onebit)
+    if merged is None:
+        return None
     if addend is not None:
         if isinstance(addend, DeferredResidual):
             if not (isinstance(addend.codec, onebit) and _dense(addend.corrected) and addend.size == n
@@ -105,7 +97,58 @@ def bind(x: Any, addend: Any, onebit: type) -> FusedSweep | None:
                 return None
         elif not (_dense(addend) and addend.size == n):
             return None
-    return FusedSweep(terms, array_at, scales, divisor, addend)
+    return FusedSweep(*merged, divisor, addend)
+
+
+class FusedMerge:
+    """A merge of onebit payloads (and at most one array) bound to the kernel: :meth:`block` runs it."""
+
+    __slots__ = ("terms", "array_at", "scales", "divisor")
+
+    def __init__(self, terms: list[np.ndarray], array_at: int, scales: list[float], divisor: int):
+        self.terms, self.array_at, self.scales, self.divisor = terms, array_at, tuple(scales), float(divisor)
+
+    def block(self, start: int, stop: int, out: np.ndarray) -> int:
+        """Write the merge's elements ``[start, cut)`` into ``out`` (``cut``: ``stop`` less ``(stop - start) % 8``)
+        and return ``cut``; the caller merges ``[cut, stop)`` itself."""
+        cut = start + ((stop - start) & ~7)
+        if cut > start:
+            b0, b1 = start >> 3, cut >> 3
+            _kernel_merge(tuple(t[start:cut] if i == self.array_at else t[b0:b1] for i, t in enumerate(self.terms)),
+                          self.array_at, self.scales, self.divisor, out[start:cut])
+        return cut
+
+
+def bind_merge(inputs: Any, divisor: int, onebit: type) -> FusedMerge | None:
+    """A :class:`FusedMerge` of a merge's ``inputs`` (arrays and ``primitives.merge.Deferred`` decodes), or None
+    where the kernel cannot take them."""
+    if not available() or not inputs:
+        return None
+    merged = _terms(tuple(inputs), inputs[0].size if isinstance(inputs[0], np.ndarray) else inputs[0].n, onebit)
+    return None if merged is None else FusedMerge(*merged, divisor)
+
+
+def _terms(inputs: tuple, n: int, onebit: type) -> tuple[list[np.ndarray], int, list[float]] | None:
+    """``(terms, array_at, scales)`` of a merge's inputs the kernel can add (at most one float32 array, the rest
+    onebit payloads of ``n`` elements with finite scales), or None."""
+    if not 1 <= len(inputs) <= MAX_TERMS:
+        return None
+    terms, scales, array_at = [], [], -1
+    for i, term in enumerate(inputs):
+        if isinstance(term, np.ndarray):  # at most one array: NaN + NaN between two arrays is NumPy's to pick
+            if array_at >= 0 or not _dense(term) or term.size != n:
+                return None
+            array_at = i
+            terms.append(term)
+            scales.append(0.0)
+        elif isinstance(getattr(term, "codec", None), onebit) and hasattr(term, "payload") and term.n == n:
+            if not _finite(term.payload, n, term.codec):
+                return None
+            terms.append(term.payload["bits"])
+            scales.append(float(term.payload["scale"][0]))
+        else:
+            return None
+    return terms, array_at, scales
 
 
 def _dense(a: Any) -> bool:

@@ -10,7 +10,7 @@ from primitives.codecs import sign_kernel
 from primitives.codecs.base import BLOCK
 from primitives.codecs.residual import DeferredResidual
 from primitives.codecs.sign import OneBitCodec
-from primitives.merge import Deferred, PendingMerge
+from primitives.merge import Deferred, PendingMerge, run_merge
 
 CODEC = OneBitCodec()
 # fewer than 128 floats: NumPy alone; 128-191: 2 lanes; 1000: 15 lanes (rows straddle the 8-wide vectors);
@@ -135,6 +135,30 @@ def test_the_kernel_refuses_blocks_it_cannot_sum_as_numpy_does():
     instead of returning other floats."""
     for n in (64, 130):
         x = np.ones(n, np.float32)
-        with pytest.raises(ValueError, match="128 or more floats"):
+        with pytest.raises(ValueError, match="sign sweep kernel"):
             sign_kernel._kernel_sweep((x,), 0, (0.0,), 1.0, 0, b"", b"", 0.0, bytearray(0), bytearray(n // 8),
                                       np.empty(n // 64, np.float32), bytearray(0))
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 1000, BLOCK + 5, 2 * BLOCK + 8])
+@pytest.mark.parametrize("kind", ["payloads only / 4", "server merge / 4", "payload first / 3", "hop merge",
+                                  "one payload / 2", "two arrays"])
+def test_kernel_merge_equals_numpy_merge(monkeypatch, n, kind):
+    """An all-gather's (or a server's) merge of payloads decoded and summed in one pass: NumPy's floats."""
+    d = _inputs(n, seed=n + 1)
+    x = PendingMerge([Deferred(CODEC, d["incoming"], n)], 2, n) if kind == "one payload / 2" else _x(kind, d, n)
+    got = []
+    for kernel in ("0", "1"):
+        monkeypatch.setenv("CASYNC_SIGN_KERNEL", kernel)
+        got.append(run_merge(x.inputs, x.divisor))
+    np.testing.assert_array_equal(got[0].view(np.uint32), got[1].view(np.uint32))
+
+
+def test_an_all_gather_merge_runs_in_the_kernel(monkeypatch):
+    n = BLOCK + 13
+    d = _inputs(n, seed=2)
+    real, blocks = sign_kernel._kernel_merge, []
+    monkeypatch.setattr(sign_kernel, "_kernel_merge", lambda *a: blocks.append(len(a[4])) or real(*a))
+    monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1")
+    run_merge(_x("payloads only / 4", d, n).inputs, 4)
+    assert blocks == [BLOCK, 8]  # the last 5 floats: NumPy
