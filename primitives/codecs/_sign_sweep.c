@@ -25,17 +25,6 @@
 
 #define MAX_TERMS 64 /* a merge of more terms (a server of more than 64 workers) runs NumPy's sweep */
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define HAVE_AVX2_PATH 1
-
-/* 8 decoded floats of one payload byte: +s where the bit is 0, -s (the sign bit flipped) where it is 1. */
-__attribute__((target("avx2"))) static inline __m256 decode8(uint8_t byte, __m256 scale) {
-    const __m256i bit = _mm256_setr_epi32(128, 64, 32, 16, 8, 4, 2, 1);
-    __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(byte), bit), bit);
-    return _mm256_xor_ps(scale, _mm256_castsi256_ps(_mm256_and_si256(set, _mm256_set1_epi32((int)0x80000000u))));
-}
-
 typedef struct {
     int terms;                         /* 1..MAX_TERMS, in the merge's order */
     int array_at;                      /* the array term's position, or -1 (payloads only) */
@@ -53,6 +42,18 @@ typedef struct {
     float *magnitudes; /* NULL where L is a multiple of 8; else n floats of scratch */
     Py_ssize_t n;      /* a multiple of 64, at least 128: L = n / 64 >= 2 lanes */
 } Sweep;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+
+/* 8 decoded floats of one payload byte: +s where the bit is 0, -s (the sign bit flipped) where it is 1. */
+__attribute__((target("avx2"))) static inline __m256 decode8(uint8_t byte, __m256 scale) {
+    const __m256i bit = _mm256_setr_epi32(128, 64, 32, 16, 8, 4, 2, 1);
+    __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(byte), bit), bit);
+    return _mm256_xor_ps(scale, _mm256_castsi256_ps(_mm256_and_si256(set, _mm256_set1_epi32((int)0x80000000u))));
+}
+
 
 /* Elements k..k+7 of the merge: its terms added left to right, then divided (as primitives.merge.run_merge). */
 __attribute__((target("avx2"))) static inline __m256 merged8(const Sweep *a, const __m256 *scale, __m256 divisor,
@@ -124,10 +125,10 @@ static int has_avx2(void) {
 static PyObject *available(PyObject *self, PyObject *unused) { return PyBool_FromLong(has_avx2()); }
 
 /* Acquire the merge's term buffers (``terms``: a tuple, the float32 array at ``array_at``, payload bits elsewhere)
- * and scales (a tuple of floats, any float at ``array_at``) for a block of ``n`` floats; ``*held`` buffers are
- * acquired (release them whatever the result).  Returns 0 with an exception set where they do not fit. */
-static int acquire_terms(PyObject *terms, int array_at, PyObject *scales, Py_ssize_t n, Py_buffer *term, float *scale,
-                         int *held) {
+ * and scales (a tuple of floats, any float at ``array_at``) for a block of ``n`` floats, into ``a``; ``*held``
+ * buffers are acquired (release them whatever the result).  Returns 0 with an exception set where they do not fit. */
+static int acquire_terms(PyObject *terms, int array_at, PyObject *scales, Py_ssize_t n, Py_buffer *term, int *held,
+                         Sweep *a) {
     const Py_ssize_t k = PyTuple_GET_SIZE(terms);
     *held = 0;
     if (k < 1 || k > MAX_TERMS || PyTuple_GET_SIZE(scales) != k || array_at < -1 || array_at >= k) goto bad;
@@ -138,10 +139,15 @@ static int acquire_terms(PyObject *terms, int array_at, PyObject *scales, Py_ssi
             goto bad;
         }
     }
+    a->terms = (int)k;
+    a->array_at = array_at;
+    a->array = array_at >= 0 ? term[array_at].buf : NULL;
     for (Py_ssize_t t = 0; t < k; t++) {
-        scale[t] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(scales, t));
+        a->payload[t] = t == array_at ? NULL : term[t].buf;
+        a->scale[t] = (float)PyFloat_AsDouble(PyTuple_GET_ITEM(scales, t));
         if (PyErr_Occurred()) return 0;
     }
+    a->n = n;
     return 1;
 bad:
     PyErr_SetString(PyExc_ValueError, "sign sweep kernel: 1 to 64 terms (at most one array) of the block's length");
@@ -158,15 +164,16 @@ static void release(Py_buffer *buffers, int count) {
 static PyObject *sweep(PyObject *self, PyObject *args) {
     PyObject *terms, *scales;
     int array_at, addend_kind, held = 0;
-    float divisor, residual_scale, scale[MAX_TERMS];
+    float divisor, residual_scale;
     Py_buffer view[6], term[MAX_TERMS]; /* addend, residual bits, out, bits, lanes, magnitudes */
+    Sweep a = {0};
     if (!PyArg_ParseTuple(args, "O!iO!fiy*y*fw*w*w*w*", &PyTuple_Type, &terms, &array_at, &PyTuple_Type, &scales,
                           &divisor, &addend_kind, &view[0], &view[1], &residual_scale, &view[2], &view[3], &view[4],
                           &view[5]))
         return NULL;
     const Py_ssize_t n = view[3].len * 8, f = (Py_ssize_t)sizeof(float);
     const int straddle = (n / 64) % 8 != 0;
-    int ok = acquire_terms(terms, array_at, scales, n, term, scale, &held);
+    int ok = acquire_terms(terms, array_at, scales, n, term, &held, &a);
     if (ok && (!has_avx2() || n % 64 != 0 || n < 128 || view[4].len != n / 64 * f ||
                (addend_kind && view[0].len != n * f) || (addend_kind == 2 && view[1].len != n / 8) ||
                (view[2].len && view[2].len != n * f) || (straddle && view[5].len != n * f))) {
@@ -176,15 +183,15 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     }
 #ifdef HAVE_AVX2_PATH
     if (ok) {
-        Sweep a = {.terms = (int)PyTuple_GET_SIZE(terms), .array_at = array_at,
-                   .array = array_at >= 0 ? term[array_at].buf : NULL, .divisor = divisor,
-                   .addend_kind = addend_kind, .addend = view[0].buf, .residual_bits = view[1].buf,
-                   .residual_scale = residual_scale, .out = view[2].len ? view[2].buf : NULL, .bits = view[3].buf,
-                   .lanes = view[4].buf, .magnitudes = straddle ? view[5].buf : NULL, .n = n};
-        for (int t = 0; t < a.terms; t++) {
-            a.payload[t] = t == array_at ? NULL : term[t].buf;
-            a.scale[t] = scale[t];
-        }
+        a.divisor = divisor;
+        a.addend_kind = addend_kind;
+        a.addend = view[0].buf;
+        a.residual_bits = view[1].buf;
+        a.residual_scale = residual_scale;
+        a.out = view[2].len ? view[2].buf : NULL;
+        a.bits = view[3].buf;
+        a.lanes = view[4].buf;
+        a.magnitudes = straddle ? view[5].buf : NULL;
         Py_BEGIN_ALLOW_THREADS
         sweep_avx2(&a);
         Py_END_ALLOW_THREADS
@@ -201,24 +208,21 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
 static PyObject *merge(PyObject *self, PyObject *args) {
     PyObject *terms, *scales;
     int array_at, held = 0;
-    float divisor, scale[MAX_TERMS];
+    float divisor;
     Py_buffer out, term[MAX_TERMS];
+    Sweep a = {0};
     if (!PyArg_ParseTuple(args, "O!iO!fw*", &PyTuple_Type, &terms, &array_at, &PyTuple_Type, &scales, &divisor, &out))
         return NULL;
     const Py_ssize_t n = out.len / (Py_ssize_t)sizeof(float);
-    int ok = acquire_terms(terms, array_at, scales, n, term, scale, &held);
+    int ok = acquire_terms(terms, array_at, scales, n, term, &held, &a);
     if (ok && (!has_avx2() || n % 8 != 0 || n < 8)) {
         PyErr_SetString(PyExc_ValueError, "sign merge kernel: needs AVX2 and a block of a multiple of 8 floats");
         ok = 0;
     }
 #ifdef HAVE_AVX2_PATH
     if (ok) {
-        Sweep a = {.terms = (int)PyTuple_GET_SIZE(terms), .array_at = array_at,
-                   .array = array_at >= 0 ? term[array_at].buf : NULL, .divisor = divisor, .out = out.buf, .n = n};
-        for (int t = 0; t < a.terms; t++) {
-            a.payload[t] = t == array_at ? NULL : term[t].buf;
-            a.scale[t] = scale[t];
-        }
+        a.divisor = divisor;
+        a.out = out.buf;
         Py_BEGIN_ALLOW_THREADS
         merge_avx2(&a);
         Py_END_ALLOW_THREADS
