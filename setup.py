@@ -1,6 +1,6 @@
-"""The optional C kernel of onebit's encode sweep (``primitives/codecs/_sign_sweep.c``); everything else is in
-pyproject.toml.  ``optional=True``: without a C compiler the package installs all the same and the NumPy sweep
-runs (bit for bit the same results, slower)."""
+"""The optional C kernel of onebit's encode sweep and merges (``primitives/codecs/_sign_sweep.c``); everything
+else is in pyproject.toml.  ``optional=True``: without a C compiler the package installs all the same and NumPy
+runs them (bit for bit the same results, slower)."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(

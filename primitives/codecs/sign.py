@@ -89,7 +89,7 @@ class OneBitCodec(Codec):
         src = x if addend is None else out
         n = x.size
         bits = np.empty((n + 7) // 8, np.uint8)
-        fused = sign_kernel.bind(x, addend, OneBitCodec)
+        fused = sign_kernel.bind(x, addend, out, OneBitCodec)
         total = 0.0
         for start in range(0, n, BLOCK):
             stop = min(n, start + BLOCK)

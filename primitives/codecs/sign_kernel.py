@@ -1,5 +1,6 @@
-"""onebit's encode sweep in one pass over memory: the C kernel of ``_sign_sweep.c``, where it was built and the CPU
-has AVX2, bit for bit the NumPy sweep of :mod:`primitives.codecs.sign`.
+"""onebit's encode sweep, and merges of its payloads, in one pass over memory: the C kernel of ``_sign_sweep.c``,
+where it was built and the CPU has AVX2, bit for bit the NumPy code of :mod:`primitives.codecs.sign` and
+:mod:`primitives.merge`.
 
 The NumPy sweep makes about nine passes over each cache-sized block (decode the incoming payload, add it, decode
 the deferred residual's payload, subtract, add, compare, pack, abs, lane sums); the kernel makes one, with the same
@@ -7,7 +8,8 @@ float32 operations in the same order, and releases the GIL while it runs.  It ta
 get: an array, or a pending merge of at most one array and onebit payloads (a ring hop's, a parameter server's);
 no residual, an array residual or a deferred onebit one.  Anything else (sparse or other codecs' inputs, two
 arrays, a non-finite scale, a block of fewer than 128 floats, no kernel) runs the NumPy sweep, which stays the
-reference.  ``CASYNC_SIGN_KERNEL=0`` turns the kernel off.
+reference.  A merge of payloads alone (an all-gather's) takes the same terms (``Codec.fused_merge``).
+``CASYNC_SIGN_KERNEL=0`` turns the kernel off.
 """
 from __future__ import annotations
 
@@ -74,11 +76,11 @@ class FusedSweep:
 MAX_TERMS = 64
 
 
-def bind(x: Any, addend: Any, onebit: type) -> FusedSweep | None:
+def bind(x: Any, addend: Any, out: np.ndarray | None, onebit: type) -> FusedSweep | None:
     """A :class:`FusedSweep` for these inputs of ``onebit``'s sweep (``x``: an array or a pending merge of at most
-    one array and onebit payloads; ``addend``: None, an array or a deferred onebit residual), or None where the
-    kernel cannot take them."""
-    if not available():
+    one array and onebit payloads; ``addend``: None, an array or a deferred onebit residual; ``out``: where the
+    corrected input goes), or None where the kernel cannot take them."""
+    if not available() or (out is not None and not _dense(out)):
         return None
     if isinstance(x, np.ndarray):
         inputs, divisor = (x,), 1
@@ -110,12 +112,14 @@ class FusedMerge:
 
     def block(self, start: int, stop: int, out: np.ndarray) -> int:
         """Write the merge's elements ``[start, cut)`` into ``out`` (``cut``: ``stop`` less ``(stop - start) % 8``)
-        and return ``cut``; the caller merges ``[cut, stop)`` itself."""
+        and return ``cut`` (``start`` where ``out`` is not a contiguous float32 array); the caller merges
+        ``[cut, stop)`` itself."""
         cut = start + ((stop - start) & ~7)
-        if cut > start:
-            b0, b1 = start >> 3, cut >> 3
-            _kernel_merge(tuple(t[start:cut] if i == self.array_at else t[b0:b1] for i, t in enumerate(self.terms)),
-                          self.array_at, self.scales, self.divisor, out[start:cut])
+        if cut == start or not (out.flags.c_contiguous and out.dtype == np.float32):
+            return start
+        b0, b1 = start >> 3, cut >> 3
+        _kernel_merge(tuple(t[start:cut] if i == self.array_at else t[b0:b1] for i, t in enumerate(self.terms)),
+                      self.array_at, self.scales, self.divisor, out[start:cut])
         return cut
 
 

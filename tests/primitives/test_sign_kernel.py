@@ -162,3 +162,15 @@ def test_an_all_gather_merge_runs_in_the_kernel(monkeypatch):
     monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1")
     run_merge(_x("payloads only / 4", d, n).inputs, 4)
     assert blocks == [BLOCK, 8]  # the last 5 floats: NumPy
+
+
+def test_strided_outputs_are_left_to_numpy(monkeypatch):
+    """A result or residual buffer that is not one contiguous float32 array is written by NumPy, correctly."""
+    n = 4096
+    d = _inputs(n, seed=4)
+    monkeypatch.setenv("CASYNC_SIGN_KERNEL", "1")
+    strided = np.empty(2 * n, np.float32)[::2]
+    want = run_merge(_x("payloads only / 4", d, n).inputs, 4)
+    got = run_merge(_x("payloads only / 4", d, n).inputs, 4, out=strided)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert sign_kernel.bind(d["own"], d["residual"], strided, OneBitCodec) is None
