@@ -54,7 +54,6 @@ __attribute__((target("avx2"))) static inline __m256 decode8(uint8_t byte, __m25
     return _mm256_xor_ps(scale, _mm256_castsi256_ps(_mm256_and_si256(set, _mm256_set1_epi32((int)0x80000000u))));
 }
 
-
 /* Elements k..k+7 of the merge: its terms added left to right, then divided (as primitives.merge.run_merge). */
 __attribute__((target("avx2"))) static inline __m256 merged8(const Sweep *a, const __m256 *scale, __m256 divisor,
                                                             Py_ssize_t k) {

@@ -24,14 +24,17 @@ MERGES = ["array", "hop merge", "hop merge / 2", "payload first / 3", "server me
           "two arrays"]
 CASES = [("array", "none")] + [(x, a) for x in MERGES for a in ("array", "deferred")]
 
-pytestmark = pytest.mark.skipif(not sign_kernel.available(), reason="the C kernel is not built or the CPU lacks AVX2")
+needs_kernel = pytest.mark.skipif(not sign_kernel.available(),
+                                  reason="the C kernel is not built, the CPU lacks AVX2, or CASYNC_SIGN_KERNEL=0")
 
 
 def test_the_kernel_is_built_on_x86_64_linux():
     """CI builds it (a C compiler is there): a missing kernel would pass every test below as skipped."""
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         pytest.skip("the kernel is built and checked on x86-64 Linux")
-    assert sign_kernel._kernel_sweep is not None and sign_kernel.available()
+    assert sign_kernel._kernel_sweep is not None, "primitives/codecs/_sign_sweep.c was not built (pip install -e .)"
+    if not sign_kernel._cpu_runs_kernel():
+        pytest.skip("this CPU lacks AVX2")
 
 
 def _inputs(n: int, seed: int) -> dict:
@@ -70,6 +73,7 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(oa.view(np.uint32), ob.view(np.uint32))
 
 
+@needs_kernel
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("x_kind,addend_kind", CASES)
 def test_kernel_sweep_equals_numpy_sweep(monkeypatch, n, x_kind, addend_kind):
@@ -79,6 +83,7 @@ def test_kernel_sweep_equals_numpy_sweep(monkeypatch, n, x_kind, addend_kind):
                  _sweep(monkeypatch, True, _x(x_kind, d, n), addend, n))
 
 
+@needs_kernel
 @pytest.mark.parametrize("x_kind,kernel_blocks", [("hop merge", [BLOCK, 192]), ("server merge / 4", [BLOCK, 192]),
                                                    ("payloads only / 4", [BLOCK, 192]), ("two arrays", [])])
 def test_which_encodes_the_kernel_runs(monkeypatch, x_kind, kernel_blocks):
@@ -93,6 +98,7 @@ def test_which_encodes_the_kernel_runs(monkeypatch, x_kind, kernel_blocks):
     assert blocks == kernel_blocks
 
 
+@needs_kernel
 @pytest.mark.parametrize("case", ["nan in x", "inf in the residual", "nan scale of the incoming payload",
                                   "inf scale of the deferred residual"])
 def test_nonfinite_inputs_give_the_same_bits_and_a_nonfinite_scale(monkeypatch, case):
@@ -118,6 +124,7 @@ def test_nonfinite_inputs_give_the_same_bits_and_a_nonfinite_scale(monkeypatch, 
     assert not CODEC.input_was_finite(pb)
 
 
+@needs_kernel
 def test_a_malformed_payload_fails_as_on_the_numpy_path(monkeypatch):
     n = 4096
     d = _inputs(n, seed=3)
@@ -130,6 +137,7 @@ def test_a_malformed_payload_fails_as_on_the_numpy_path(monkeypatch):
     assert errors[0] == errors[1] and "onebit" in errors[1]
 
 
+@needs_kernel
 def test_the_kernel_refuses_blocks_it_cannot_sum_as_numpy_does():
     """Called directly with a block it does not take (fewer than 128 floats, or not a multiple of 64), it raises
     instead of returning other floats."""
@@ -140,6 +148,7 @@ def test_the_kernel_refuses_blocks_it_cannot_sum_as_numpy_does():
                                       np.empty(n // 64, np.float32), bytearray(0))
 
 
+@needs_kernel
 @pytest.mark.parametrize("n", [1, 7, 8, 13, 1000, BLOCK + 5, 2 * BLOCK + 8])
 @pytest.mark.parametrize("kind", ["payloads only / 4", "server merge / 4", "payload first / 3", "hop merge",
                                   "one payload / 2", "two arrays"])
@@ -154,6 +163,7 @@ def test_kernel_merge_equals_numpy_merge(monkeypatch, n, kind):
     np.testing.assert_array_equal(got[0].view(np.uint32), got[1].view(np.uint32))
 
 
+@needs_kernel
 def test_an_all_gather_merge_runs_in_the_kernel(monkeypatch):
     n = BLOCK + 13
     d = _inputs(n, seed=2)
@@ -164,6 +174,7 @@ def test_an_all_gather_merge_runs_in_the_kernel(monkeypatch):
     assert blocks == [BLOCK, 8]  # the last 5 floats: NumPy
 
 
+@needs_kernel
 def test_strided_outputs_are_left_to_numpy(monkeypatch):
     """A result or residual buffer that is not one contiguous float32 array is written by NumPy, correctly."""
     n = 4096
