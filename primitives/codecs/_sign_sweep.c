@@ -243,4 +243,11 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sign_sweep", "onebit's fused encode sweep (AVX2)", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__sign_sweep(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__sign_sweep(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "MAX_TERMS", MAX_TERMS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -22,9 +22,11 @@ from .base import field, scratch
 from .residual import DeferredResidual
 
 try:  # built by setup.py where a C compiler is there (optional)
+    from ._sign_sweep import MAX_TERMS
     from ._sign_sweep import available as _cpu_runs_kernel, merge as _kernel_merge, sweep as _kernel_sweep
 except ImportError:  # pragma: no cover - depends on the build
     _cpu_runs_kernel = _kernel_merge = _kernel_sweep = None
+    MAX_TERMS = 0  # terms the kernel adds at most (a server's merge of more workers' payloads runs NumPy's)
 
 _EMPTY_F = np.empty(0, np.float32)
 _EMPTY_B = np.empty(0, np.uint8)
@@ -62,7 +64,7 @@ class FusedSweep:
             return None, start
         cut, lanes = start + m, m // 64
         b0, b1 = start >> 3, cut >> 3
-        terms = tuple(t[start:cut] if i == self.array_at else t[b0:b1] for i, t in enumerate(self.terms))
+        terms = _block_of(self.terms, self.array_at, start, cut)
         out_lanes = scratch("kernel lanes", np.float32, lanes)
         _kernel_sweep(terms, self.array_at, self.scales, self.divisor, self.kind,
                       self.addend[start:cut] if self.kind else _EMPTY_F,
@@ -70,10 +72,6 @@ class FusedSweep:
                       out[start:cut] if out is not None else _EMPTY_F, bits[b0:b1],
                       out_lanes, scratch("kernel magnitudes", np.float32, m) if lanes % 8 else _EMPTY_F)
         return out_lanes, cut
-
-
-#: Terms the kernel adds at most (a parameter server's merge of more workers' payloads runs NumPy's sweep).
-MAX_TERMS = 64
 
 
 def bind(x: Any, addend: Any, out: np.ndarray | None, onebit: type) -> FusedSweep | None:
@@ -117,9 +115,8 @@ class FusedMerge:
         cut = start + ((stop - start) & ~7)
         if cut == start or not (out.flags.c_contiguous and out.dtype == np.float32):
             return start
-        b0, b1 = start >> 3, cut >> 3
-        _kernel_merge(tuple(t[start:cut] if i == self.array_at else t[b0:b1] for i, t in enumerate(self.terms)),
-                      self.array_at, self.scales, self.divisor, out[start:cut])
+        _kernel_merge(_block_of(self.terms, self.array_at, start, cut), self.array_at, self.scales, self.divisor,
+                      out[start:cut])
         return cut
 
 
@@ -153,6 +150,11 @@ def _terms(inputs: tuple, n: int, onebit: type) -> tuple[list[np.ndarray], int, 
         else:
             return None
     return terms, array_at, scales
+
+
+def _block_of(terms: list[np.ndarray], array_at: int, start: int, cut: int) -> tuple[np.ndarray, ...]:
+    """The terms' parts for elements ``[start, cut)`` (both multiples of 8): the array's floats, the payloads' bytes."""
+    return tuple(t[start:cut] if i == array_at else t[start >> 3 : cut >> 3] for i, t in enumerate(terms))
 
 
 def _dense(a: Any) -> bool:
