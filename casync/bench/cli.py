@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untimed iterations before them (default: until casync's actors allocate nothing new)")
     p.add_argument("--head-to-head", type=int, default=0, metavar="ROUNDS",
                    help="afterwards, re-measure the fastest casync configuration and the gloo/PowerSGD baselines "
-                        "alternately for ROUNDS rounds (ratios under the same machine load)")
+                        "alternately for ROUNDS rounds (ratios under the same machine load); with --hooks, the "
+                        "fastest hook row and DDP's allreduce/PowerSGD r1 hooks in the same rounds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=None, metavar="JSON",
                    help="profile for the predictions of measured rows and for auto's planning (e.g. one from "

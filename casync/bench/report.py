@@ -163,6 +163,26 @@ def head_to_head_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]
     return headers, body
 
 
+def hook_head_to_head_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
+    """Per group and round: PyTorch's DDP hooks and the fastest "DDP + casync hook" row, from the same rounds."""
+    headers, body = [], []
+    for key, rec in result.head_to_head.items():
+        if not rec.get("hook_baselines"):
+            continue
+        names, hook = rec["hook_baselines"], rec["hook"]
+        label, codec = parse_hook_variant(hook)
+        config = f"{label} / {codec_label(codec)}"
+        headers = ["model/N", "round", "casync hook"] + [f"{BASELINES[n]} ms" for n in names] + \
+            ["casync hook ms"] + [f"×{BASELINES[n]}" for n in names]
+        for i, x in enumerate(rec["rounds"], 1):
+            body.append([key, i, config] + [_ms(x[n]) for n in names] + [_ms(x[hook])]
+                        + [round(x[n] / x[hook], 2) for n in names])
+        if rec.get("hook_median_speedup"):
+            body.append([key, "median", config] + [""] * (len(names) + 1)
+                        + [round(rec["hook_median_speedup"][n], 2) for n in names])
+    return headers, body
+
+
 def sim_tables(result: BenchResult) -> dict[str, tuple[list[str], list[list[Any]]]]:
     """Per model: rows strategy/codec, columns (N, Gbps), predicted sync ms; ``*`` marks each column's best."""
     out = {}
@@ -226,6 +246,12 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
               "alternating round by round (each entry: the median sync of "
               f"{result.iters} timed iterations), so that each ratio compares runs minutes apart on this shared "
               "machine.", "", markdown_table(headers, body), ""]
+    headers, body = hook_head_to_head_table(result)
+    if body:
+        L += ["### DDP + casync hook, head to head", "",
+              "In the same rounds and rank processes: the fastest DDP + casync hook row and PyTorch's own DDP "
+              "hooks, so that the hook's ratios, too, compare runs minutes apart.", "",
+              markdown_table(headers, body), ""]
     for model, workers in result.groups():
         L += [f"## {model}, {workers} workers", ""]
         headers, body = group_table(result, model, workers)
@@ -264,6 +290,9 @@ def text_summary(result: BenchResult) -> str:
     headers, body = head_to_head_table(result)
     if body:
         out += ["head to head (interleaved re-measurement):", format_table(headers, body), ""]
+    headers, body = hook_head_to_head_table(result)
+    if body:
+        out += ["DDP + casync hook, head to head:", format_table(headers, body), ""]
     return "\n".join(out)
 
 

@@ -358,25 +358,34 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
 
 #: the baselines a head-to-head re-measures next to the fastest casync configuration
 HEAD_TO_HEAD_BASELINES = ("gloo-bucket", "ddp-powersgd-r1", "ddp-powersgd-r4")
+#: the PyTorch hooks a head-to-head re-measures next to the fastest "DDP + casync hook" row (the same DDP buckets)
+HOOK_HEAD_TO_HEAD_BASELINES = ("ddp", "ddp-powersgd-r1")
 
 
 def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, rounds: int, iters: int, warmup: int,
                   seed: int, bar, say) -> None:
-    """Alternate the reference baselines and the fastest casync configuration of a group, ``rounds`` times."""
+    """Alternate the reference baselines and the fastest casync configuration of a group, ``rounds`` times; where
+    the grid has hook rows, the fastest of them and PyTorch's own hooks run in the same rounds' rank processes."""
     best, _ = result.best_worst(model, workers)
     names = tuple(n for n in HEAD_TO_HEAD_BASELINES if n in result.grid.baselines)
     plan = result.plans.get((model, workers, best.strategy, best.codec)) if best else None
     if plan is None or not names:
         bar.update(rounds)
         return
+    hook = _fastest_hook(result, model, workers)
+    hook_names = tuple(n for n in HOOK_HEAD_TO_HEAD_BASELINES if n in result.grid.baselines) if hook else ()
+    torch_rows = tuple(dict.fromkeys(names + hook_names + ((hook,) if hook_names else ())))
     store = GradientStore(model, seed)
     record: dict[str, Any] = {"casync": best.label, "strategy": best.strategy, "codec": best.codec,
                               "baselines": list(names), "rounds": []}
+    if hook_names:
+        record.update(hook=hook, hook_baselines=list(hook_names))
     try:
         for r in range(rounds):
             bar.set_description(f"head to head {model} N={workers}, round {r + 1}/{rounds}")
             try:
-                raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed)
+                raw = run_baselines(setup.launcher(), model, workers, torch_rows, iters=iters, warmup=warmup,
+                                    seed=seed, compute_threads=result.grid.compute_threads)
                 run = measure_plan(plan, store, None, address=setup.ray_address, iters=iters, warmup=warmup,
                                    transport=split_transport(best.strategy)[1],
                                    compute_threads=result.grid.compute_threads,
@@ -385,13 +394,23 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
                 say(f"head to head {model} N={workers} round {r + 1} failed: {exc}")
                 record.setdefault("errors", []).append(_short(exc))
             else:
-                record["rounds"].append({**{n: raw[n]["sync_median_s"] for n in names}, "casync": run.sync_median_s})
+                record["rounds"].append({**{n: raw[n]["sync_median_s"] for n in torch_rows},
+                                         "casync": run.sync_median_s})
             bar.update(1)
     finally:
         store.clear()
     if record["rounds"]:
         record["median_speedup"] = {n: statistics.median(x[n] / x["casync"] for x in record["rounds"]) for n in names}
+        if hook_names:
+            record["hook_median_speedup"] = {n: statistics.median(x[n] / x[hook] for x in record["rounds"])
+                                             for n in hook_names}
     result.head_to_head[f"{model}/{workers}"] = record
+
+
+def _fastest_hook(result: BenchResult, model: str, workers: int) -> str | None:
+    """The name of the group's fastest "DDP + casync hook" row that ran, or None."""
+    done = [r for r in result.group(model, workers) if r.system == "hook" and r.ok]
+    return min(done, key=lambda r: r.sync_s).strategy if done else None
 
 
 def _speedups(rows: list[Row]) -> None:

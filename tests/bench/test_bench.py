@@ -18,7 +18,7 @@ from casync.sim.simulator import simulate
 
 STRATEGIES = ("ps-twoway", "auto")
 CODECS = ("none", "onebit")
-BASELINES = ("gloo-bucket", "ddp-fp16", "ddp-powersgd-r1", "ddp-nocomm")
+BASELINES = ("gloo-bucket", "ddp", "ddp-fp16", "ddp-powersgd-r1", "ddp-nocomm")
 HOOKS = ("ps-twoway/onebit",)
 
 
@@ -118,6 +118,18 @@ def test_head_to_head_remeasures_the_fastest_configuration(bench_run):
     assert all(only[k] > 0 for k in ("gloo-bucket", "ddp-powersgd-r1", "casync"))
     assert record["median_speedup"]["gloo-bucket"] == pytest.approx(only["gloo-bucket"] / only["casync"])
     assert "## Head to head" in (out / "bench.md").read_text()
+
+
+def test_head_to_head_remeasures_the_fastest_hook_beside_pytorchs_hooks(bench_run):
+    _, out, data = bench_run
+    record = data["head_to_head"]["tiny/2"]
+    hook = "ddp-casync:ps-twoway:onebit"  # the only hook row, so the fastest
+    assert record["hook"] == hook and record["hook_baselines"] == ["ddp", "ddp-powersgd-r1"]
+    (only,) = record["rounds"]
+    assert only[hook] > 0 and only["ddp"] > 0
+    assert record["hook_median_speedup"]["ddp"] == pytest.approx(only["ddp"] / only[hook])
+    assert record["hook_median_speedup"]["ddp-powersgd-r1"] == pytest.approx(only["ddp-powersgd-r1"] / only[hook])
+    assert "### DDP + casync hook, head to head" in (out / "bench.md").read_text()
 
 
 def test_json_has_every_simulated_row(bench_run):
