@@ -211,8 +211,9 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
     candidates_info = [dict(plan=label, estimated_s=planner.estimate(a)[0], simulated_s=t)
                        for t, label, a in sorted(simulated, key=lambda x: x[0])]
     notes = planner.notes(best)
-    if plain_time is not None and sim_time is not None:
-        cut = min(b.numel for b, j in zip(planner.buckets, best) if j not in b.baseline)
+    # the smallest bucket the plan compresses (None where trimming left it compressing nothing)
+    cut = min((b.numel for b, j in zip(planner.buckets, best) if j not in b.baseline), default=None)
+    if plain_time is not None and sim_time is not None and cut is not None:
         why = (f"compressing the buckets of {cut:,} elements and more simulated {(plain_time - sim_time) * 1e3:.1f} ms "
                "faster than compressing none")
         notes = [f"{note}; {why}" if j not in b.baseline or b.numel < cut else note

@@ -124,17 +124,22 @@ class Estimator:
         return self.profile.merge_s(n, inputs)
 
     def dec_merged(self, codec: Codec, n: int) -> float:
-        """Seconds for a decode only a merge reads: a sparsifier's is handed to the merge as its entries
-        (``primitives.merge.Sparse``), as the simulator prices it (``casync.sim.optable.cost_key``)."""
-        return self.profile.entries_s(str(codec), n) if codec.decodes_sparse else self.dec(codec, n)
+        """Seconds for a decode only a merge reads, as the simulator prices it (``casync.sim.optable.cost_key``):
+        a sparsifier's is handed to the merge as its entries (``primitives.merge.Sparse``), a block decoder's
+        is decoded block by block as the merge adds (``primitives.merge.Deferred``)."""
+        if codec.decodes_sparse:
+            return self.profile.entries_s(str(codec), n)
+        return self.profile.deferred_s(str(codec), n) if codec.decodes_in_blocks else self.dec(codec, n)
 
     def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec,
                       encoded_by: Codec | None = None) -> float:
         """Seconds to merge ``decoded`` payloads of ``codec`` with ``local`` dense inputs: a sparsifier's
-        entries are added at their indices, so only the dense inputs (at least one pass) count.
+        entries, and a block decoder's payloads where the profile prices them (``Profile.deferred_s``), are
+        charged with their decodes, so only the dense inputs (at least one pass) count.
         ``encoded_by``: the codec of the encode that alone reads the merge; where it has error feedback and
         computes the merge as it adds its residual, one pass fewer (``casync.sim.optable.folded_merge``)."""
-        inputs = merged_inputs(local, decoded) if codec.decodes_sparse else decoded + local
+        own = codec.decodes_sparse or (codec.decodes_in_blocks and self.profile.prices_deferred(str(codec)))
+        inputs = merged_inputs(local, decoded) if own else decoded + local
         folds = encoded_by is not None and merges_in_encode(encoded_by)
         if folds and feedback.resolve(encoded_by, self.error_feedback):
             inputs = max(0, inputs - 1)

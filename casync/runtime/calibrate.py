@@ -39,7 +39,7 @@ from ..engines.executor import WARMUP_SYNCS
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
 from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts, scale_key
-from ..sim.optable import KINDS, cost_key, entries_decodes, folded_merge, op_seconds
+from ..sim.optable import KINDS, cost_key, folded_merge, handed_decodes, op_seconds
 
 
 @dataclass
@@ -82,15 +82,15 @@ def task_spans(program: Program, rows: Sequence[dict[str, Any]]) -> list[TaskSpa
     return spans
 
 
-def _predicted_op_s(graph: Any, node: Any, profile: Profile, entries: set[Any]) -> float:
+def _predicted_op_s(graph: Any, node: Any, profile: Profile, handed: dict[Any, str]) -> float:
     """An op's profiled seconds, priced as the simulator prices it (``casync.sim.optable.cost_key``)."""
     attrs = graph.nodes[node]
-    key = cost_key(graph, node, attrs, attrs["numel"], entries)
+    key = cost_key(graph, node, attrs, attrs["numel"], handed)
     return op_seconds(profile, KINDS.index(attrs["op"]), key, runtime=False)
 
 
 def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any, profile: Profile,
-                 entries: set[Any]) -> None:
+                 handed: dict[Any, str]) -> None:
     """Add a compute op's measured seconds (its CPU where recorded, else its wall) and its profiled seconds to
     the totals of its kind (``merge``, or ``<op>:<codec name>``).  A merge its encode computes
     (``casync.sim.optable.folded_merge``) counts with that encode, whose record carries its work."""
@@ -103,7 +103,7 @@ def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any
         key = scale_key("merge")
     total = totals.setdefault(key, [0.0, 0.0])
     total[0] += row["cpu"] if row.get("cpu") is not None else row["end"] - row["start"]
-    total[1] += _predicted_op_s(graph, row["node"], profile, entries)
+    total[1] += _predicted_op_s(graph, row["node"], profile, handed)
 
 
 def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]], profile: Profile,
@@ -136,14 +136,14 @@ def fit_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]
 
     for plan, steps in runs:
         graph = plan.graph
-        entries = entries_decodes(graph)
+        handed = handed_decodes(graph)
         program = compile_program(plan)
         # time-sliced actors: wall times include waiting for a core
         sliced = cores is not None and len(plan.actors) > max_actors_per_core * cores
         for rows in steps:
             for r in rows:
                 if r["op"] in COMPUTE_OPS and r.get("node") in graph and (r.get("cpu") is not None or not sliced):
-                    _add_op_time(totals, r, graph, profile, entries)
+                    _add_op_time(totals, r, graph, profile, handed)
             if sliced:
                 continue
             by_actor: dict[str, list[TaskSpan]] = {}
@@ -197,13 +197,13 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
     remote: list[tuple[int, float]] = []
     for plan, steps in runs:
         graph = plan.graph
-        entries = entries_decodes(graph)
+        handed = handed_decodes(graph)
         for rows in steps:
             done = {r["node"]: r["end"] for r in rows if r.get("node")}
             by_actor: dict[str, list[dict[str, Any]]] = {}
             for r in rows:
                 if r["op"] in COMPUTE_OPS and r.get("node") in graph:
-                    _add_op_time(totals, r, graph, profile, entries)
+                    _add_op_time(totals, r, graph, profile, handed)
                     by_actor.setdefault(r["actor"], []).append(r)
                 elif r["op"] == "recv" and r.get("node") in graph:  # op_rows starts a recv when its send was issued
                     sender = graph.nodes[next(iter(graph.predecessors(r["node"])))]["actor"]

@@ -165,6 +165,18 @@ class Profile:
         entry = self._codec_entry(codec_key)
         return entry.get("entries", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
 
+    def prices_deferred(self, codec_key: str) -> bool:
+        """Whether this profile measured ``deferred`` for the codec (see :meth:`deferred_s`)."""
+        return "deferred" in self._codec_entry(codec_key)
+
+    def deferred_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
+        """A decode handed to its merge block by block (``primitives.merge.Deferred``): what one more such
+        payload adds to a merge, decoding and adding it (through the codec's one-pass merge where it has one);
+        the merge is then charged one accumulator pass plus its dense inputs.  Profiles without a ``deferred``
+        cost price it as a whole decode, and the merge charges it as a dense input."""
+        entry = self._codec_entry(codec_key)
+        return entry.get("deferred", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
+
     def merge_s(self, n: int, inputs: int, runtime: bool = True) -> float:
         return self.merge(n * inputs) * self._scale(runtime, "merge")
 

@@ -82,7 +82,7 @@ class OpTable:
             if a["op"] == "send" and a["nbytes"] > widest.get((b, a["codec"]), -1):
                 widest[(b, a["codec"])] = a["nbytes"]
         pred = graph._pred
-        entries = entries_decodes(graph)
+        handed = handed_decodes(graph)
         for n, a in graph.nodes(data=True):
             op = a["op"]
             kind = _KIND.get(op)
@@ -101,7 +101,7 @@ class OpTable:
             t.succ.append([index[s] for s in graph._succ[n]])
             inputs = len(pred[n])
             t.npred.append(inputs)
-            t.cost.append(cost_key(graph, n, a, largest[a["bucket"]], entries))
+            t.cost.append(cost_key(graph, n, a, largest[a["bucket"]], handed))
         for r, i in enumerate(sorted(range(len(t.names)), key=t.names.__getitem__)):
             t.rank[i] = r
         t.hop = hop_rounds(t.succ, [k == SEND for k in t.kind], t.npred)
@@ -186,39 +186,52 @@ class OpTable:
         return out
 
 
-def entries_decodes(graph: nx.DiGraph) -> set[Any]:
-    """Decodes the per-rank executor hands to their merge as a sparsifier's entries (``primitives.merge``):
-    a codec with ``decodes_sparse``, by the executor's own rule (:func:`primitives.merge.handed_to_merge`)."""
-    sparse: dict[str, bool] = {}
-    out = set()
+def handed_decodes(graph: nx.DiGraph) -> dict[Any, str]:
+    """Decodes the per-rank executor hands to their merge (``primitives.ops.run_node``, by the executor's own
+    rule :func:`primitives.merge.handed_to_merge`): ``"entries"`` for a codec with ``decodes_sparse`` (a
+    sparsifier's index/value pairs), ``"deferred"`` for one with ``decodes_in_blocks`` (decoded block by block
+    as the merge adds)."""
+    kinds: dict[str, str | None] = {}
+    out = {}
     nodes, succ = graph.nodes, graph._succ
     for n, a in nodes(data=True):
         if a["op"] != "decode":
             continue
         key = a["codec"]
-        if key not in sparse:
+        if key not in kinds:
             cls = codec_class(key)
-            sparse[key] = cls is not None and cls.decodes_sparse
-        if sparse[key] and handed_to_merge(a, [nodes[v]["op"] for v in succ[n]]):
-            out.add(n)
+            kinds[key] = None if cls is None else "entries" if cls.decodes_sparse else \
+                "deferred" if cls.decodes_in_blocks else None
+        if kinds[key] and handed_to_merge(a, [nodes[v]["op"] for v in succ[n]]):
+            out[n] = kinds[key]
     return out
 
 
-def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, entries: set[Any]) -> tuple | None:
-    """What an op's compute cost depends on: ``(codec, elements charged, mode, merged inputs)``; None for
-    sends and receives.  ``mode``: an encode's error feedback (bool), ``"entries"`` for a decode in
-    ``entries`` (:func:`entries_decodes`), else False.  A merge counts its inputs by :func:`merged_inputs`,
-    one fewer where an encode computes it (:func:`folded_merge`)."""
+def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, handed: dict[Any, str]
+             ) -> tuple | None:
+    """What an op's compute cost depends on: ``(codec, elements charged, mode, inputs)``; None for sends and
+    receives.  An encode's ``mode`` is its error feedback (bool); a decode's is how its merge takes it
+    (``handed``, from :func:`handed_decodes`), else False.  A merge's ``codec`` and ``mode`` say which codec's
+    deferred decodes it adds, if any, and its ``inputs`` are ``(dense, with deferred priced)``: the inputs it is
+    charged for by :func:`merged_inputs` when its deferred decodes count as dense (a profile without their
+    cost) and when they do not, each one fewer where an encode computes the merge (:func:`folded_merge`)."""
     op = attrs["op"]
     if op == "encode":
         return (attrs["codec"], numel, bool(attrs.get("ef")), 0)
     if op == "decode":
-        return (attrs["codec"], numel, "entries" if node in entries else False, 0)
+        return (attrs["codec"], numel, handed.get(node, False), 0)
     if op == "merge":
         preds = graph._pred[node]
-        sparse = sum(1 for u in preds if u in entries) if entries else 0
-        inputs = merged_inputs(len(preds) - sparse + (1 if attrs.get("local_input") else 0), sparse)
-        return (None, numel, False, max(0, inputs - 1) if folded_merge(graph, node, attrs) else inputs)
+        local = 1 if attrs.get("local_input") else 0
+        sparse = sum(1 for u in preds if handed.get(u) == "entries") if handed else 0
+        deferred = [u for u in preds if handed.get(u) == "deferred"] if handed else []
+        dense = len(preds) - sparse - len(deferred) + local
+        fold = 1 if folded_merge(graph, node, attrs) else 0
+        whole = max(0, merged_inputs(dense + len(deferred), sparse) - fold)
+        if not deferred:
+            return (None, numel, False, (whole, whole))
+        return (graph.nodes[deferred[0]]["codec"], numel, True,
+                (whole, max(0, merged_inputs(dense, sparse + len(deferred)) - fold)))
     return None
 
 
@@ -234,10 +247,11 @@ def folded_merge(graph: nx.DiGraph, node: Any, attrs: dict[str, Any]) -> bool:
     return cls is not None and merges_in_encode(cls)
 
 
-def merged_inputs(dense: int, entries: int) -> int:
-    """The inputs a merge is charged for: its dense ones, at least one where it adds ``entries`` sparsifiers'
-    entries (its accumulator is then filled or copied once).  The planner's estimator counts the same way."""
-    return max(1, dense) if entries else dense
+def merged_inputs(dense: int, handed: int) -> int:
+    """The inputs a merge is charged for: its dense ones, at least one where it adds ``handed`` inputs priced on
+    their own (sparsifiers' entries, deferred decodes: its accumulator is then filled or copied once).  The
+    planner's estimator counts the same way."""
+    return max(1, dense) if handed else dense
 
 
 def op_seconds(profile: Any, kind: int, key: tuple, runtime: bool = True) -> float:
@@ -249,5 +263,8 @@ def op_seconds(profile: Any, kind: int, key: tuple, runtime: bool = True) -> flo
     if kind == DECODE:
         if mode == "entries":
             return profile.entries_s(codec, numel, runtime)
+        if mode == "deferred":
+            return profile.deferred_s(codec, numel, runtime)
         return profile.decode_s(codec, numel, runtime)
-    return profile.merge_s(numel, inputs, runtime)
+    whole, deferred = inputs
+    return profile.merge_s(numel, deferred if mode and profile.prices_deferred(codec) else whole, runtime)

@@ -18,7 +18,8 @@ import numpy as np
 
 from primitives.codecs import available_codecs, get_codec
 from primitives.codecs.sparse import forget_random_indices
-from primitives.ops import run_encode
+from primitives.merge import Deferred
+from primitives.ops import run_encode, run_merge
 
 from .costmodel import LinearCost, Profile
 
@@ -136,8 +137,20 @@ def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
                 acc = np.zeros(n, np.float32)
                 times.setdefault("entries", []).append(
                     best_time(lambda: np.add.at(acc, *codec.sparse_entries(payload, n)), reps, cold))
+            if codec.decodes_in_blocks:  # decodes handed to their merge: what one more payload adds to it
+                times.setdefault("deferred", []).append(_deferred_time(codec, x, result, reps, cold))
         out[str(codec)] = {op: fit_linear(sizes, t) for op, t in times.items()}
     return out
+
+
+def _deferred_time(codec: Any, x: np.ndarray, out: np.ndarray, reps: int, before: Callable[[], object]) -> float:
+    """Seconds one more :class:`~primitives.merge.Deferred` payload adds to a merge (as an all-gather's or a
+    server's runs, through the codec's one-pass merge where it has one): half the difference between merging
+    four distinct payloads and two, the accumulator's own pass cancelling out (never below zero)."""
+    payloads = [Deferred(codec, codec.encode(x * np.float32(k + 1), 1), x.size) for k in range(4)]
+    two = best_time(lambda: run_merge(payloads[:2], 4, out=out), reps, before)
+    four = best_time(lambda: run_merge(payloads, 4, out=out), reps, before)
+    return max(0.0, (four - two) / 2)
 
 
 class _Feedback:
@@ -156,8 +169,6 @@ class _Feedback:
 
 def profile_merge(sizes: Iterable[int] = DEFAULT_SIZES, repeat: int = 3) -> LinearCost:
     """Cost per input element of summing float32 arrays (one ``np.add`` pass per input)."""
-    from primitives.ops import run_merge
-
     sizes = list(sizes)
     rng = np.random.default_rng(1)
     cold = CacheFlusher().flush

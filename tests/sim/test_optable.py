@@ -150,9 +150,12 @@ def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw
         if table.kind[i] == DECODE:
             assert table.cost[i][2] == (False if a.get("output") else "entries"), name
         if table.kind[i] == MERGE:  # every case here merges sparse inputs
-            assert table.cost[i][3] == max(1, local) - folded_merge(graph, name, a), name
-    assert {c[2] for k, c in zip(plain.kind, plain.cost) if k == DECODE} == {False}  # onebit: whole decodes
-    assert max(c[3] + folded_merge(dense.graph, n, dense.graph.nodes[n])
+            charged = max(1, local) - folded_merge(graph, name, a)
+            assert table.cost[i][2] is False and table.cost[i][3] == (charged, charged), name
+    # onebit decodes in blocks: the same decodes are deferred, and its merges count them as dense inputs too
+    assert all(c[2] == (False if dense.graph.nodes[n].get("output") else "deferred")
+               for n, k, c in zip(plain.names, plain.kind, plain.cost) if k == DECODE)
+    assert max(c[3][0] + folded_merge(dense.graph, n, dense.graph.nodes[n])
                for n, k, c in zip(plain.names, plain.kind, plain.cost) if k == MERGE) == sparse_inputs + local
     profile = Profile.default()
     durations = table.durations(profile)
@@ -172,11 +175,11 @@ def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, code
     where the codec computes it as it adds its residual: the simulator charges such a merge one input fewer,
     and only those. ps one-way's pull and codec none have no error feedback; allgather's merges are outputs;
     terngrad's error feedback is its contractive encode, which takes whole inputs."""
-    from casync.sim.optable import MERGE, entries_decodes, folded_merge, merged_inputs
+    from casync.sim.optable import MERGE, folded_merge, handed_decodes, merged_inputs
     from primitives.merge import handed_to_encode
 
     plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec=codec, **kw)
-    graph, table, entries = plan.graph, OpTable.from_graph(plan.graph), entries_decodes(plan.graph)
+    graph, table, handed = plan.graph, OpTable.from_graph(plan.graph), handed_decodes(plan.graph)
     merges = [i for i, k in enumerate(table.kind) if k == MERGE]
     assert merges
     for i in merges:
@@ -185,9 +188,9 @@ def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, code
         readers = [graph.nodes[v] for v in graph.successors(name)]
         assert folded_merge(graph, name, a) is folded, name
         assert handed_to_encode(a, readers) is (folded or codec == "terngrad"), name
-        sparse = sum(1 for u in graph._pred[name] if u in entries)
+        sparse = sum(1 for u in graph._pred[name] if handed.get(u) == "entries")
         whole = merged_inputs(len(graph._pred[name]) - sparse + bool(a.get("local_input")), sparse)
-        assert table.cost[i][3] == (whole - 1 if folded else whole), name
+        assert table.cost[i][3][0] == (whole - 1 if folded else whole), name
 
 
 def test_a_profile_without_entries_prices_them_as_decodes():
@@ -200,19 +203,62 @@ def test_a_profile_without_entries_prices_them_as_decodes():
     assert profile.entries_s("topk(ratio=0.01)", 10**6) < profile.decode_s("topk(ratio=0.01)", 10**6)
 
 
+def _without(profile: Profile, op: str) -> Profile:
+    """``profile`` as written before its ``op`` cost existed."""
+    data = profile.to_dict()
+    return Profile.from_dict({**data, "codecs": {k: {o: v for o, v in ops.items() if o != op}
+                                                 for k, ops in data["codecs"].items()}}, source="older")
+
+
+@pytest.mark.parametrize("strategy,kw", [("allgather", {}), ("ps", {"two_way": True}), ("ps", {"servers": 2}),
+                                         ("ring", {})])
+def test_a_block_decoders_decode_into_a_merge_is_priced_deferred_where_the_profile_has_it(strategy, kw):
+    """As the per-rank executor runs it (primitives.merge.Deferred, through onebit's one-pass merge): a onebit
+    decode whose only reader is a merge costs the profile's ``deferred``, the merge one accumulator pass plus
+    its dense inputs (one fewer where an encode computes it); a profile without ``deferred`` keeps the old
+    prices (a whole decode, and the merge charging it as a dense input). Output decodes stay whole."""
+    from casync.sim.optable import DECODE, MERGE, folded_merge
+
+    plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec="onebit", **kw)
+    graph, table = plan.graph, OpTable.from_graph(plan.graph)
+    profile = Profile.default()
+    older = _without(profile, "deferred")
+    assert profile.prices_deferred("onebit") and not older.prices_deferred("onebit")
+    new, old = table.durations(profile), table.durations(older)
+    index = {name: i for i, name in enumerate(table.names)}
+    merges = 0
+    for i, name in enumerate(table.names):
+        if table.kind[i] not in (DECODE, MERGE):
+            continue
+        a, (codec, n, mode, _) = graph.nodes[name], table.cost[i]
+        if table.kind[i] == DECODE:
+            assert mode == (False if a.get("output") else "deferred"), name
+            assert old[i] == profile.decode_s("onebit", n)
+            assert new[i] == (profile.decode_s if a.get("output") else profile.deferred_s)("onebit", n)
+        if table.kind[i] == MERGE:
+            merges += 1
+            deferred = sum(1 for u in graph._pred[name] if table.cost[index[u]][2] == "deferred")
+            dense = len(graph._pred[name]) - deferred + bool(a.get("local_input"))
+            fold = folded_merge(graph, name, a)
+            assert deferred and codec == "onebit" and mode is True, name
+            assert new[i] == profile.merge_s(n, max(1, dense) - fold), name
+            assert old[i] == profile.merge_s(n, dense + deferred - fold), name
+    assert merges
+
+
 def test_calibration_prices_ops_as_the_simulator_does():
     """casync.runtime.calibrate fits measured over predicted op time: predicted the simulator's way."""
     from casync.runtime.calibrate import _predicted_op_s
-    from casync.sim.optable import KINDS, cost_key, entries_decodes, op_seconds
+    from casync.sim.optable import KINDS, cost_key, handed_decodes, op_seconds
 
     plan = casync.build_plan({"w": (4000,), "b": (10,)}, workers=3, strategy="ps", codec="randomk:ratio=0.1")
     graph, profile = plan.graph, Profile.default()
-    entries = entries_decodes(graph)
-    assert entries and all(graph.nodes[n]["op"] == "decode" and not graph.nodes[n]["output"] for n in entries)
+    handed = handed_decodes(graph)
+    assert handed and all(graph.nodes[n]["op"] == "decode" and not graph.nodes[n]["output"] for n in handed)
     for n, a in graph.nodes(data=True):
         if a["op"] in ("encode", "decode", "merge"):
-            want = op_seconds(profile, KINDS.index(a["op"]), cost_key(graph, n, a, a["numel"], entries), False)
-            assert _predicted_op_s(graph, n, profile, entries) == want
+            want = op_seconds(profile, KINDS.index(a["op"]), cost_key(graph, n, a, a["numel"], handed), False)
+            assert _predicted_op_s(graph, n, profile, handed) == want
 
 
 @pytest.mark.parametrize("strategy,kw", [("ring", {}), ("ps", {"two_way": True}), ("allgather", {})])
@@ -220,22 +266,22 @@ def test_calibration_counts_a_merge_its_encode_computes_with_that_encode(strateg
     """The encode's record carries a folded merge's work, so calibration adds the merge's measured and profiled
     seconds to the encode's kind: the merge scale is fitted on merges that ran as merges only."""
     from casync.runtime.calibrate import _add_op_time, _predicted_op_s
-    from casync.sim.optable import entries_decodes, folded_merge
+    from casync.sim.optable import folded_merge, handed_decodes
 
     plan = casync.build_plan({"w": (4000,), "b": (10,)}, workers=3, strategy=strategy, codec="onebit", **kw)
     graph, profile = plan.graph, Profile.default()
-    entries = entries_decodes(graph)
+    handed = handed_decodes(graph)
     totals: dict[str, list[float]] = {}
     expected: dict[str, list[float]] = {}
     for n, a in graph.nodes(data=True):
         if a["op"] not in ("encode", "decode", "merge"):
             continue
-        _add_op_time(totals, {"op": a["op"], "node": n, "cpu": 1e-3, "start": 0.0, "end": 1.0}, graph, profile, entries)
+        _add_op_time(totals, {"op": a["op"], "node": n, "cpu": 1e-3, "start": 0.0, "end": 1.0}, graph, profile, handed)
         folded = a["op"] == "merge" and folded_merge(graph, n, a)
         key = "encode:onebit" if folded or a["op"] == "encode" else ("merge" if a["op"] == "merge" else "decode:onebit")
         got = expected.setdefault(key, [0.0, 0.0])
         got[0] += 1e-3
-        got[1] += _predicted_op_s(graph, n, profile, entries)
+        got[1] += _predicted_op_s(graph, n, profile, handed)
     assert totals.keys() == expected.keys() and ("merge" in totals) == (strategy == "allgather")
     for key, (measured, predicted) in expected.items():
         assert totals[key][0] == pytest.approx(measured) and totals[key][1] == pytest.approx(predicted), key
