@@ -171,6 +171,14 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
     return serial
 
 
+def _hook_timeline(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's rows of the last timed iteration (``CasyncState.timeline``), its times from the earliest
+    rank's first hook call of that iteration (where the row's sync span starts), sorted by start."""
+    t0 = min(g["starts"][-1] for g in gathered)
+    rows = [dict(r, start=r["start"] - t0, end=r["end"] - t0) for g in gathered for r in g["timeline"]]
+    return sorted(rows, key=lambda r: r["start"])
+
+
 def _tx_bytes() -> int | None:
     """Bytes this rank's namespace has sent on its gloo interface, counted by the interface's shaping qdisc
     like casync's (None on loopback, which other processes of the machine share, or without tc)."""
@@ -284,7 +292,8 @@ def _rank_main(args: argparse.Namespace) -> None:
         gathered: list[Any] = [None] * world
         probe = reduced[:: max(1, numel // 4096)].clone()
         dist.all_gather_object(gathered, {"starts": starts, "ends": ends, "walls": walls,
-                                          "probe": probe.numpy().tobytes(), "payload": payload, "sent": sent})
+                                          "probe": probe.numpy().tobytes(), "payload": payload, "sent": sent,
+                                          "timeline": state.timeline() if is_hook(variant) else None})
         if rank == 0:
             spans = [max(g["ends"][i] for g in gathered) - min(g["starts"][i] for g in gathered) for i in range(iters)]
             entry = {"sync_s": spans, "backward_s": [max(g["walls"][i] for g in gathered) for i in range(iters)],
@@ -296,6 +305,7 @@ def _rank_main(args: argparse.Namespace) -> None:
                      "link_bytes": None if any(g["sent"] is None for g in gathered) else sum(g["sent"] for g in gathered)}
             if is_hook(variant):
                 entry["wire_bytes"], entry["dense_wire_bytes"] = wire
+                entry["timeline"] = _hook_timeline(gathered)
             if args.check and variant != NO_COMMUNICATION:
                 exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
                 entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))

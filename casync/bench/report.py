@@ -131,10 +131,9 @@ def hook_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
     body = []
     for model, workers in result.groups():
         group = result.group(model, workers)
-        hooks = sorted((r for r in group if r.system == "hook" and r.ok), key=lambda r: r.sync_s)
-        if not hooks:
+        best = result.fastest_hook(model, workers)
+        if best is None:
             continue
-        best = hooks[0]
         base = {r.strategy: r for r in group if r.system == "baseline" and r.ok}
         row: list[Any] = [model, workers, best.label, _ms(best.sync_s)]
         for name in TORCH_HOOKS:
@@ -381,7 +380,8 @@ def plot_sim(result: BenchResult, model: str, path: Path) -> str:
 
 
 def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> list[str]:
-    """Measured (RayEngine timeline) and predicted (simulator) Gantt charts of the best and worst cell."""
+    """Measured (RayEngine timeline) and predicted (simulator) Gantt charts of the best and worst cell, and the
+    measured one of the fastest DDP + casync hook row."""
     best, worst = result.best_worst(model, workers)
     paths = []
     for which, row in (("best", best), ("worst", worst)):
@@ -400,6 +400,13 @@ def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> lis
             paths.append(timeline.draw(str(out / f"{stem}_predicted.png"),
                                        title=f"predicted: {model}, {workers} workers, {row.label}: sync "
                                              f"{timeline.sync_time() * 1e3:.1f} ms ({which} casync configuration)"))
+    hook = result.fastest_hook(model, workers)
+    records = result.measured_timelines.get((model, workers, hook.strategy, hook.codec)) if hook else None
+    if records:
+        paths.append(draw_gantt(records, str(out / f"gantt_{_safe(model)}_N{workers}_hook_measured.png"),
+                                title=f"measured ({result.setup.kind}): {model}, {workers} workers, {hook.label}: sync "
+                                      f"{hook.sync_s * 1e3:.1f} ms, its last timed iteration (backward: DDP still "
+                                      "handing buckets over)"))
     return paths
 
 

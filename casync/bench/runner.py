@@ -132,6 +132,11 @@ class BenchResult:
     def groups(self) -> list[tuple[str, int]]:
         return list(dict.fromkeys((r.model, r.workers) for r in self.rows))
 
+    def fastest_hook(self, model: str, workers: int) -> Row | None:
+        """The group's fastest "DDP + casync hook" row that ran, or None."""
+        done = [r for r in self.group(model, workers) if r.system == "hook" and r.ok]
+        return min(done, key=lambda r: r.sync_s) if done else None
+
     def best_worst(self, model: str, workers: int) -> tuple[Row | None, Row | None]:
         done = sorted((r for r in self.group(model, workers) if r.system == "casync" and r.ok), key=lambda r: r.sync_s)
         return (done[0], done[-1]) if done else (None, None)
@@ -228,7 +233,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
         # 1. baselines and the DDP hook rows: real gloo processes, before this process starts or joins Ray
         for model, workers in groups if torch_rows else []:
             bar.set_description(f"baselines {model} N={workers}")
-            rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say, grid.compute_threads)
+            rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say, grid.compute_threads,
+                                   result.measured_timelines)
             bar.update(1)
 
         # 2. casync cells on RayEngine
@@ -259,10 +265,12 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
     _speedups(rows)
     for model, workers in result.groups():
         best, worst = result.best_worst(model, workers)
-        if best is not None:
-            result.timelines[f"{model}/{workers}"] = {
-                which: dict(_row_key(row), records=result.measured_timelines.get(
-                    (model, workers, row.strategy, row.codec), [])) for which, row in (("best", best), ("worst", worst))}
+        hook = result.fastest_hook(model, workers)
+        shown = (("best", best), ("worst", worst), ("hook", hook)) if best is not None else (("hook", hook),)
+        timelines = {which: dict(_row_key(row), records=result.measured_timelines.get(
+            (model, workers, row.strategy, row.codec), [])) for which, row in shown if row is not None}
+        if timelines:
+            result.timelines[f"{model}/{workers}"] = timelines
     result.seconds = time.perf_counter() - started
     return result
 
@@ -272,9 +280,11 @@ BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-p
 
 
 def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...], iters: int, warmup: int,
-                   seed: int, say: Callable[[str], None], compute_threads: int = 1) -> list[Row]:
+                   seed: int, say: Callable[[str], None], compute_threads: int = 1,
+                   timelines: dict[tuple, list] | None = None) -> list[Row]:
     """One row per baseline of a (model, workers) group; on failure, rows carrying the error.
-    ``compute_threads``: ops each rank of a DDP + casync hook row runs at once."""
+    ``compute_threads``: ops each rank of a DDP + casync hook row runs at once.  ``timelines``: where each hook
+    row's timeline of its last timed iteration goes, keyed like the casync cells'."""
     try:
         raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed,
                             compute_threads=compute_threads)
@@ -293,6 +303,8 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
                         dense_wire_bytes=e["dense_wire_bytes"],
                         compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
                         consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes")))
+        if hook and timelines is not None and e.get("timeline"):
+            timelines[(model, workers, name, rows[-1].codec)] = e["timeline"]
     return rows
 
 
@@ -372,7 +384,8 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
     if plan is None or not names:
         bar.update(rounds)
         return
-    hook = _fastest_hook(result, model, workers)
+    hook = result.fastest_hook(model, workers)
+    hook = hook.strategy if hook is not None else None
     hook_names = tuple(n for n in HOOK_HEAD_TO_HEAD_BASELINES if n in result.grid.baselines) if hook else ()
     torch_rows = tuple(dict.fromkeys(names + hook_names + ((hook,) if hook_names else ())))
     store = GradientStore(model, seed)
@@ -405,12 +418,6 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
             record["hook_median_speedup"] = {n: statistics.median(x[n] / x[hook] for x in record["rounds"])
                                              for n in hook_names}
     result.head_to_head[f"{model}/{workers}"] = record
-
-
-def _fastest_hook(result: BenchResult, model: str, workers: int) -> str | None:
-    """The name of the group's fastest "DDP + casync hook" row that ran, or None."""
-    done = [r for r in result.group(model, workers) if r.system == "hook" and r.ok]
-    return min(done, key=lambda r: r.sync_s).strategy if done else None
 
 
 def _speedups(rows: list[Row]) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..engines.timeline import op_rows
 from ..errors import SyncError
 from .group import as_sync_error
 from .plans import plan_for_buckets
@@ -92,6 +94,8 @@ class _Step:
     """A compressed iteration in flight on this rank."""
 
     step: int
+    started: float = 0.0  # time.time() of the iteration's first compressed bucket
+    provided: dict[str, float] = field(default_factory=dict)  # plan bucket -> when it was handed to the runner
     entries: list[_Entry] = field(default_factory=list)
     flats: dict[str, np.ndarray] = field(default_factory=dict)  # plan buckets filled parameter by parameter
     remaining: dict[str, int] = field(default_factory=dict)
@@ -115,6 +119,7 @@ class HookSession:
         self.where: dict[str, tuple[str, int, int]] = {}  # parameter -> (plan bucket, offset, numel)
         self.exact: dict[tuple[str, ...], str] = {}  # DDP bucket's parameter names -> plan bucket with that layout
         self.stats: dict[str, Any] = {}
+        self.last: tuple[_Step, list[tuple]] | None = None  # the last compressed iteration and its op records
         self.unseen: set[str] | None = None  # plan parameters DDP has not passed yet in the first compressed step
 
     # -- naming DDP's parameters -----------------------------------------------------------------------------
@@ -261,6 +266,7 @@ class HookSession:
             else:
                 entry.lend = _in_place(buffer) and not _all_in(buffer, [p.grad for p in bucket.parameters()])
             runner.provide(exact, flat, results_here=entry.here is not None)
+            ctx.provided[exact] = time.time()
         else:
             for name, offset in zip(names, offsets):
                 target, start, numel = self.where[name]
@@ -271,6 +277,7 @@ class HookSession:
                 ctx.remaining[target] -= 1
                 if ctx.remaining[target] == 0:
                     runner.provide(target, ctx.flats[target])
+                    ctx.provided[target] = time.time()
         if self.unseen is not None:
             self.unseen.difference_update(names)
         if bucket.is_last():
@@ -307,7 +314,7 @@ class HookSession:
         if first or (state.check_every and step % state.check_every == 0):  # and at this process's first step
             params = dict(self.module.named_parameters())
             state.check_params(step, [params[t.name] for t in state.plan.tensors])
-        ctx = _Step(step)
+        ctx = _Step(step, started=time.time())
         state.runner.begin(step)
         ctx.background = Background(lambda: self._run(ctx), f"casync-step-{step}")
         return ctx
@@ -325,6 +332,7 @@ class HookSession:
         if not outcome.skipped:
             state.runner.commit(outcome)
         state.iter = ctx.step + 1
+        self.last = (ctx, outcome.records)  # made into rows only when asked for (CasyncState.timeline)
         self.stats = {"step": ctx.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
                       "in_place": sum(1 for e in ctx.entries if e.here is not None),
                       "as_planned": sum(1 for e in ctx.entries if e.bucket is not None),  # DDP buckets = plan's
@@ -334,6 +342,19 @@ class HookSession:
             for entry in ctx.entries:
                 entry.future.set_result(self._result(entry, outcome))
         return outcome
+
+    def rows(self) -> list[dict[str, Any]]:
+        """This rank's ops of the last compressed iteration as timeline rows, and a ``backward`` row from its
+        first compressed bucket to the last bucket DDP handed over: the part of backward the sync ran beside."""
+        if self.last is None:
+            return []
+        ctx, records = self.last
+        actor = self.state.runner.actor
+        rows = op_rows(ctx.step, {actor: records})
+        if ctx.provided:
+            rows.append(dict(op="backward", actor=actor, bucket="", part=-1, start=ctx.started,
+                             end=max(ctx.provided.values()), nbytes=0, node="", step=ctx.step, cpu=None))
+        return rows
 
     def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:
         if entry.bucket is not None:

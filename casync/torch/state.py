@@ -245,6 +245,12 @@ class CasyncState(SyncState):
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "start_iter": self.start_iter}
 
+    def timeline(self) -> list[dict[str, Any]]:
+        """This rank's per-op rows of the last compressed iteration (``RayEngine.timeline``'s fields, times in
+        ``time.time()`` seconds) and a ``backward`` row from its first compressed bucket to the last bucket DDP
+        handed over; empty before the first compressed iteration."""
+        return self.session.rows() if self.session is not None else []
+
     @property
     def compressing(self) -> bool:
         """Whether the next iteration runs the plan (rather than the uncompressed warm-up all-reduce)."""

@@ -132,6 +132,24 @@ def test_head_to_head_remeasures_the_fastest_hook_beside_pytorchs_hooks(bench_ru
     assert "### DDP + casync hook, head to head" in (out / "bench.md").read_text()
 
 
+def test_the_fastest_hook_rows_timeline_holds_every_ranks_ops_beside_ddps_backward(bench_run):
+    """The hook row's last timed iteration, from every rank (``CasyncState.timeline``): its ops, and the part of
+    backward they ran beside, timed from the earliest rank's first hook call, as the row's sync span is."""
+    _, out, data = bench_run
+    record = data["timelines"]["tiny/2"]["hook"]
+    hook = next(r for r in data["rows"] if r["system"] == "hook")
+    assert (record["strategy"], record["codec"]) == (hook["strategy"], hook["codec"])
+    rows = record["records"]
+    assert {r["actor"] for r in rows} == {"worker:0", "worker:1"}
+    ops = [r for r in rows if r["op"] != "backward"]
+    assert {"encode", "send", "recv", "decode"} <= {r["op"] for r in ops}
+    assert all(r["step"] == ops[0]["step"] and r["end"] >= r["start"] for r in rows)
+    backward = [r for r in rows if r["op"] == "backward"]
+    assert len(backward) == 2 and min(r["start"] for r in backward) == pytest.approx(0.0, abs=0.05)
+    assert max(r["end"] for r in ops) <= max(hook["sync_all_s"]) + 0.05  # within the span the row measured
+    assert (out / "gantt_tiny_N2_hook_measured.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_json_has_every_simulated_row(bench_run):
     _, _, data = bench_run
     sims = data["simulated"]
