@@ -384,8 +384,8 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
     if plan is None or not names:
         bar.update(rounds)
         return
-    hook = result.fastest_hook(model, workers)
-    hook = hook.strategy if hook is not None else None
+    fastest = result.fastest_hook(model, workers)
+    hook = fastest.strategy if fastest is not None else None  # its row name, the key of its times in the rounds
     hook_names = tuple(n for n in HOOK_HEAD_TO_HEAD_BASELINES if n in result.grid.baselines) if hook else ()
     torch_rows = tuple(dict.fromkeys(names + hook_names + ((hook,) if hook_names else ())))
     store = GradientStore(model, seed)

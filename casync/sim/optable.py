@@ -212,9 +212,10 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, ha
     """What an op's compute cost depends on: ``(codec, elements charged, mode, inputs)``; None for sends and
     receives.  An encode's ``mode`` is its error feedback (bool); a decode's is how its merge takes it
     (``handed``, from :func:`handed_decodes`), else False.  A merge's ``codec`` and ``mode`` say which codec's
-    deferred decodes it adds, if any, and its ``inputs`` are ``(dense, with deferred priced)``: the inputs it is
-    charged for by :func:`merged_inputs` when its deferred decodes count as dense (a profile without their
-    cost) and when they do not, each one fewer where an encode computes the merge (:func:`folded_merge`)."""
+    deferred decodes it adds, if any (None, False where none), and its ``inputs`` is a pair: the inputs
+    :func:`merged_inputs` charges it for with its deferred decodes counted as dense inputs (under a profile
+    without their ``deferred`` cost), and with them priced on their own; each one fewer where an encode computes
+    the merge (:func:`folded_merge`)."""
     op = attrs["op"]
     if op == "encode":
         return (attrs["codec"], numel, bool(attrs.get("ef")), 0)
