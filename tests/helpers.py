@@ -1,6 +1,8 @@
 """Helpers shared by test modules: gradient factories and the strategy configurations tests sweep."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 # (strategy, extra build_plan options) covering PS co-located/dedicated, one/two-way, ring, all-gather
@@ -54,3 +56,10 @@ def load_benchmark(name: str):
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def profile_without(profile: Any, op: str) -> Any:
+    """``profile`` (a ``casync.Profile``) as written before its codecs' ``op`` cost existed."""
+    data = profile.to_dict()
+    return type(profile).from_dict({**data, "codecs": {k: {o: v for o, v in ops.items() if o != op}
+                                                       for k, ops in data["codecs"].items()}}, source="older")

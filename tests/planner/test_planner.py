@@ -253,3 +253,27 @@ def test_estimator_charges_the_data_planes_threads_on_the_cores_as_the_simulator
     assert np.array_equal(with_threads.work[:-1], without.work[:-1])  # lanes and NICs as before
     free = casync.ClusterModel(nodes=1, workers_per_node=4)
     assert Estimator(4, free, threads).cost(numel, option).L == Estimator(4, free, base).cost(numel, option).L
+
+
+@pytest.mark.parametrize("name", ["onebit", "fp16", "topk:ratio=0.01", "qsgd"])
+def test_the_estimator_prices_decodes_into_merges_as_the_simulator_does(name):
+    """A decode only a merge reads: a sparsifier's entries, a block decoder's ``deferred`` (its merge then one
+    accumulator pass plus its dense inputs), anything else a whole decode and a dense input; a profile without
+    ``deferred`` prices a block decoder's as before."""
+    from casync.planner.estimator import Estimator
+    from tests.helpers import profile_without
+
+    codec, n = get_codec(name), 1_000_000
+    profile = Profile.default()
+    est = Estimator(4, cluster(4, 10), profile)
+    key = str(codec)
+    whole = profile.merge_s(n, 4) + 4 * profile.decode_s(key, n)
+    got = est.merge_decoded(n, 4, 0, codec) + 4 * est.dec_merged(codec, n)
+    if codec.decodes_sparse:
+        assert got == pytest.approx(profile.merge_s(n, 1) + 4 * profile.entries_s(key, n))
+    elif codec.decodes_in_blocks:
+        assert got == pytest.approx(profile.merge_s(n, 1) + 4 * profile.deferred_s(key, n))
+        older = Estimator(4, cluster(4, 10), profile_without(profile, "deferred"))
+        assert older.merge_decoded(n, 4, 0, codec) + 4 * older.dec_merged(codec, n) == pytest.approx(whole)
+    else:
+        assert got == pytest.approx(whole)

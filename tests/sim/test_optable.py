@@ -13,6 +13,7 @@ from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
 from casync.sim.optable import OpTable
 from casync.sim.simulator import run_table, simulate
 from primitives.codecs import get_codec
+from tests.helpers import profile_without
 
 CALIBRATED = Profile.default().with_runtime(RuntimeCosts(
     compute_scale=3.0, task_gap_s=0.002, hop=LinearCost(0.004, 1e-10), dispatch_s=0.0005,
@@ -196,18 +197,9 @@ def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, code
 def test_a_profile_without_entries_prices_them_as_decodes():
     """Profiles written before the entries cost existed keep their prices."""
     profile = Profile.default()
-    older = Profile.from_dict({**profile.to_dict(), "codecs": {
-        k: {op: v for op, v in ops.items() if op != "entries"} for k, ops in profile.to_dict()["codecs"].items()}},
-        source="older")
+    older = profile_without(profile, "entries")
     assert older.entries_s("topk(ratio=0.01)", 10**6) == older.decode_s("topk(ratio=0.01)", 10**6)
     assert profile.entries_s("topk(ratio=0.01)", 10**6) < profile.decode_s("topk(ratio=0.01)", 10**6)
-
-
-def _without(profile: Profile, op: str) -> Profile:
-    """``profile`` as written before its ``op`` cost existed."""
-    data = profile.to_dict()
-    return Profile.from_dict({**data, "codecs": {k: {o: v for o, v in ops.items() if o != op}
-                                                 for k, ops in data["codecs"].items()}}, source="older")
 
 
 @pytest.mark.parametrize("strategy,kw", [("allgather", {}), ("ps", {"two_way": True}), ("ps", {"servers": 2}),
@@ -222,7 +214,7 @@ def test_a_block_decoders_decode_into_a_merge_is_priced_deferred_where_the_profi
     plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec="onebit", **kw)
     graph, table = plan.graph, OpTable.from_graph(plan.graph)
     profile = Profile.default()
-    older = _without(profile, "deferred")
+    older = profile_without(profile, "deferred")
     assert profile.prices_deferred("onebit") and not older.prices_deferred("onebit")
     new, old = table.durations(profile), table.durations(older)
     index = {name: i for i, name in enumerate(table.names)}
