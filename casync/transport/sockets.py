@@ -28,6 +28,8 @@ from ..errors import SyncError, SyncTimeoutError, WorkerLostError
 from .base import DONE, Handle
 
 _FRAME = struct.Struct("<qq")  # tag, body bytes
+_ABORT_TAG = -(2 ** 63)  # a frame whose body is the reason its sender aborted (no transfer has this tag)
+_ABORT_SEND_S = 1.0  # how long an abort waits to tell a peer before it just ends the stream
 _HELLO = struct.Struct("<H")  # length of the connecting actor's name
 
 
@@ -192,11 +194,35 @@ class SocketChannel:
         return DONE
 
     def abort(self, reason: str) -> None:
-        """Refuse further transfers and fail every receive still waiting."""
+        """Refuse further transfers, fail every receive still waiting, and tell every peer: an abort frame
+        carrying ``reason``, then the end of the stream, so their receives from this actor fail at once rather
+        than at their timeout."""
         with self._lock:
-            self._aborted = reason
+            first = self._aborted is None
+            self._aborted = self._aborted or reason
             for incoming in self._incoming.values():
                 self._fail(incoming, SyncError(f"{self.actor}: the data plane was aborted: {reason}"))
+        if first:
+            for peer, sock in list(self._out.items()):
+                self._tell_aborted(peer, sock, reason)
+
+    def _tell_aborted(self, peer: str, sock: socket.socket, reason: str) -> None:
+        """Send ``peer`` the abort frame (unless a send to it holds its lock past :data:`_ABORT_SEND_S`: that
+        message is then cut off, which the peer sees as a broken stream), then end the stream."""
+        lock = self._send_locks[peer]
+        if lock.acquire(timeout=_ABORT_SEND_S):
+            try:
+                body = reason.encode()[:4096]
+                sock.settimeout(_ABORT_SEND_S)
+                sock.sendall(_FRAME.pack(_ABORT_TAG, len(body)) + body)
+            except OSError:
+                pass  # the peer is gone or not reading: the end of the stream below is all it can get
+            finally:
+                lock.release()
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def close(self) -> None:
         for sock in [*self._out.values(), *self._in, self._listener]:
@@ -240,6 +266,8 @@ class SocketChannel:
                 tag, nbytes = _FRAME.unpack(_read(sock, _FRAME.size))
                 if nbytes < 0:
                     raise _BadFrame(f"a frame of {nbytes} bytes (tag {tag})")
+                if tag == _ABORT_TAG:
+                    raise _PeerAborted(_read(sock, nbytes).decode(errors="replace"))
                 receive = self._posted(incoming, tag)
                 if receive is not None and receive.buf.nbytes == nbytes:  # straight into the posted buffer
                     _read_into(sock, memoryview(receive.buf).cast("B"))
@@ -261,9 +289,11 @@ class SocketChannel:
                 else:
                     receive.event.set()
         except Exception as exc:  # the stream is over: whatever ended it fails every receive from this peer
-            if isinstance(exc, (OSError, EOFError)):
+            if isinstance(exc, _PeerAborted):
+                error: SyncError = SyncError(f"{self.actor}: {peer} aborted its data plane: {exc}")
+            elif isinstance(exc, (OSError, EOFError)):
                 reason = "closed its connection" if isinstance(exc, EOFError) else f"connection failed ({exc})"
-                error: SyncError = WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)")
+                error = WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)")
             else:  # a corrupt frame (say, a size no buffer can take): not a peer this actor can trust
                 error = SyncError(f"{self.actor}: the stream from {peer} broke: {type(exc).__name__}: {exc}")
             with self._lock:
@@ -274,6 +304,10 @@ class SocketChannel:
 
 class _BadFrame(Exception):
     """A frame header no sender of this module writes."""
+
+
+class _PeerAborted(Exception):
+    """The peer's abort frame arrived (its reason is the message)."""
 
 
 def _read(sock: socket.socket, n: int) -> bytes:

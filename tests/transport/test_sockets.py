@@ -169,6 +169,27 @@ def test_silence_is_a_timeout_and_abort_fails_a_waiting_receive(pair):
         b.isend(np.zeros(1, np.uint8), "worker:0", 1)
 
 
+def test_abort_tells_the_peers_so_their_receives_fail_at_once(pair):
+    """An actor that aborts (its op failed, say) tells its peers: what it sent before still arrives, a receive
+    waiting on it then fails within moments naming its reason, not at the timeout, and so does every later one."""
+    a, b = pair
+    b.timeout_s = 30.0
+    a.isend(np.arange(4, dtype=np.int64), "worker:1", 1)
+    waiting = b.irecv(np.empty(8, np.uint8), "worker:0", 2)
+    t0 = time.monotonic()
+    threading.Timer(0.1, a.abort, ("worker:0 failed in step 3: ValueError: bad input",)).start()
+    with pytest.raises(SyncError, match="worker:0 aborted its data plane: worker:0 failed in step 3"):
+        waiting.wait()
+    assert time.monotonic() - t0 < 5
+    sent = np.empty(4, np.int64)
+    b.irecv(sent, "worker:0", 1).wait()  # came before the abort frame
+    assert sent.tolist() == [0, 1, 2, 3]
+    with pytest.raises(SyncError, match="aborted its data plane"):
+        b.irecv(np.empty(8, np.uint8), "worker:0", 3).wait()
+    with pytest.raises(SyncError, match="aborted"):  # and the aborted end refuses to send
+        a.isend(np.zeros(1, np.uint8), "worker:1", 4)
+
+
 def test_an_actor_that_is_not_a_peer_is_refused(pair):
     with pytest.raises(SyncError, match="no socket to 'worker:7'"):
         pair[0].isend(np.zeros(1, np.uint8), "worker:7", 1)
