@@ -19,7 +19,6 @@ import argparse
 import datetime
 import math
 import os
-import socket
 import statistics
 import sys
 import threading
@@ -140,12 +139,6 @@ def summarize(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
@@ -159,8 +152,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch.multiprocessing as mp
 
+    from casync.bench.setup import local_setup
+
+    port = local_setup().launcher().port()  # a free port on loopback, as casync bench's own ranks get one
     queue = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(rank_main, args=(args.workers, free_port(), args, queue), nprocs=args.workers)
+    mp.spawn(rank_main, args=(args.workers, port, args, queue), nprocs=args.workers)
     rows = summarize(queue.get())
     for row in rows:
         print(row, flush=True)
