@@ -247,9 +247,7 @@ class RankExecutor:
             if flagged is None:
                 self._scans.expect(bucket, len(self.partitions[bucket]))
             self._deadline = time.monotonic() + self.timeout_s  # progress: timeout_s counts from here again
-            for index in self.share.local.get(bucket, ()):
-                self._arrived(index)
-            self._cond.notify_all()
+            self._wake(sum(self._arrived(index) for index in self.share.local.get(bucket, ())))
 
     def finish(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], list[tuple]]:
         """Run the step's ops to the end (in this thread); returns (results per bucket, residuals, records).
@@ -393,24 +391,36 @@ class RankExecutor:
                 self._cond.notify_all()
 
     # -- bookkeeping (under the lock) ---------------------------------------------------------------------
-    def _arrived(self, index: int) -> None:
+    def _arrived(self, index: int) -> int:
+        """One input of op ``index`` is in; returns 1 when that made the op ready (queued), else 0."""
         self._waiting[index] -= 1
         if self._waiting[index] == 0:
             heapq.heappush(self._ready, (self.share.ops[index].key, index))
+            return 1
+        return 0
+
+    def _wake(self, ready: int) -> None:
+        """Wake as many idle compute threads as ops just became ready (all of them once the step is done): waking
+        every thread for each op would have the idle ones take the lock and the GIL only to wait again."""
+        if self._done >= len(self.share.ops):
+            self._cond.notify_all()
+        elif ready:
+            self._cond.notify(ready)
 
     def _finished(self, index: int, value: Any) -> None:
         op = self.share.ops[index]
         self._values[index] = value
         self._done += 1
         self._deadline = time.monotonic() + self.timeout_s  # progress
+        ready = 0
         for consumer in op.consumers:
-            self._arrived(consumer)
+            ready += self._arrived(consumer)
         self._complete[index] = True
         for producer in op.inputs:  # free a value once its last consumer ran
             self._uses[producer] -= 1
             if self._uses[producer] == 0:
                 self._values[producer] = None
-        self._cond.notify_all()
+        self._wake(ready)
 
     # -- receiver threads -----------------------------------------------------------------------------------
     def _receive(self, peer: str, count: int) -> None:
