@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated built-in models (full: {','.join(FULL.models)})")
     p.add_argument("--workers", type=_ints, default=None, help="comma-separated worker counts (full: 2,4)")
     p.add_argument("--strategies", type=_list, default=None,
-                   help=f"comma-separated strategy labels: {','.join(strategy_labels())}")
+                   help=f"comma-separated strategy labels: {','.join(strategy_labels())}; a fixed one may "
+                        "take a partition count per bucket (ring.p8)")
     p.add_argument("--transports", type=_list, default=None,
                    help="comma-separated RayEngine data planes the measured rows run on (direct, the default; tcp; gloo; objectstore); each row is labelled strategy@transport")
     p.add_argument("--compute-threads", type=int, default=None, metavar="N",
@@ -49,8 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")
     p.add_argument("--hooks", type=_list, default=None,
-                   help="'DDP + casync hook' rows: comma-separated strategy/codec (ring/onebit), 'all' (every "
-                        "measured strategy but auto x every codec; the full grid's default) or 'none'")
+                   help="'DDP + casync hook' rows: comma-separated strategy/codec (ring/onebit, ring.p8/onebit), "
+                        "'all' (every measured strategy but auto x every codec; the full grid's default) or 'none'")
     p.add_argument("--sim-workers", type=_ints, default=None, help="simulated worker counts (full: 8,16,64)")
     p.add_argument("--sim-bandwidths", type=_floats, default=None, help="simulated link Gbps (full: 1,10,25,100)")
     p.add_argument("--sim-models", type=_list, default=None, help="simulated models (default: the measured ones)")

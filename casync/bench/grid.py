@@ -1,7 +1,10 @@
 """What a strategy comparison runs: the strategies, codecs, models and worker counts, and the preset grids.
 
 A strategy label names a way to call :func:`casync.build_plan`; ``auto`` hands strategy, partitions and
-(selective) compression to the planner, which needs the :class:`~casync.ClusterModel` of the setup.
+(selective) compression to the planner, which needs the :class:`~casync.ClusterModel` of the setup.  A fixed
+label may ask for a number of partitions per bucket (``ring.p8``: the ring with 8 partitions instead of its
+default), so that partitionings can be measured side by side in one run, and may name a data plane
+(``ring.p8@tcp``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,26 @@ def strategy_labels() -> dict[str, dict[str, Any]]:
 #: the data plane the measured rows run on unless a label names another (``ring@objectstore``)
 DEFAULT_TRANSPORT = "direct"
 TRANSPORTS: tuple[str, ...] = ("direct", "tcp", "gloo", "objectstore")
+
+
+def label_arguments(label: str) -> dict[str, Any]:
+    """``build_plan`` arguments of a strategy label without its transport: ``"ps-twoway"`` -> ``{"strategy":
+    "ps", "two_way": True}``, ``"ring.p8"`` -> ``{"strategy": "ring", "partitions": 8}``; an unknown label or
+    a bad partition count raises ValueError naming the choices."""
+    labels = strategy_labels()
+    base, dot, suffix = label.partition(".")
+    if base not in labels:
+        raise ValueError(f"unknown strategy label {label!r}; choose from {sorted(labels)}, optionally with a "
+                         "partition count (ring.p8)")
+    args = dict(labels[base])
+    if dot:
+        count = suffix[1:]
+        if base == "auto" or not suffix.startswith("p") or not count.isdigit() or int(count) < 1 \
+                or count != str(int(count)):
+            raise ValueError(f"strategy label {label!r}: a fixed strategy takes partitions as '<label>.p<count>' "
+                             f"(e.g. {base if base != 'auto' else 'ring'}.p8, count >= 1); 'auto' chooses its own")
+        args["partitions"] = int(count)
+    return args
 
 
 def split_transport(label: str) -> tuple[str, str]:
@@ -60,11 +83,8 @@ def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...]) -> dict[s
     whether to compress with ``c`` (candidates: none and ``c``); ``auto`` with :data:`AUTO_CODEC` lets it
     choose among all of ``codecs``.
     """
-    labels = strategy_labels()
     strategy = split_transport(strategy)[0]
-    if strategy not in labels:
-        raise ValueError(f"unknown strategy label {strategy!r}; choose from {sorted(labels)}")
-    args = dict(labels[strategy])
+    args = label_arguments(strategy)
     if strategy == "auto":
         if codec == AUTO_CODEC:
             args["codec"] = list(dict.fromkeys(codecs))
@@ -110,10 +130,8 @@ class Grid:
         if self.compute_threads > 1 and "objectstore" in self.transports:
             raise ValueError("compute_threads > 1 needs a direct data plane; the objectstore transport runs one Ray "
                              "task at a time per actor (measure it in a run of its own)")
-        labels = strategy_labels()
         for s in self.strategies:
-            if s not in labels:
-                raise ValueError(f"unknown strategy label {s!r}; choose from {sorted(labels)}")
+            label_arguments(s)  # names what is wrong
         for transport in self.transports:
             if transport not in TRANSPORTS:
                 raise ValueError(f"unknown transport {transport!r}; choose from {list(TRANSPORTS)}")

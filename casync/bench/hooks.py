@@ -35,18 +35,17 @@ def parse_hook_variant(name: str) -> tuple[str, str]:
 
 
 def hook_arguments(name: str) -> dict[str, Any]:
-    """``CasyncState`` keyword arguments of a row (its strategy label's ``build_plan`` arguments and codec)."""
+    """``CasyncState`` keyword arguments of a row (its strategy label's ``build_plan`` arguments, a ``.p<K>``
+    partition count included, and codec)."""
     from primitives.codecs import get_codec
-    from strategies import STRATEGIES
+
+    from .grid import label_arguments
 
     label, codec = parse_hook_variant(name)
-    labels: dict[str, dict[str, Any]] = {}
-    for strategy in STRATEGIES.values():
-        labels.update(strategy.variants())
-    if label not in labels:
-        raise ValueError(f"unknown strategy label {label!r} in {name!r}; the DDP hook rows take "
-                         f"{sorted(labels)} (not 'auto': its plan needs the setup's cluster model)")
-    args = dict(labels[label])
+    if label.partition(".")[0] == "auto" or "@" in label:
+        raise ValueError(f"{name!r}: the DDP hook rows take a fixed strategy label (not 'auto': its plan needs the "
+                         "setup's cluster model) and run on the ranks' own gloo group (no '@transport')")
+    args = label_arguments(label)
     if args.get("servers") is not None:
         raise ValueError(f"{name!r}: dedicated servers do not run in a DDP job; choose co-located PS")
     get_codec(None if codec == "none" else codec)  # validates, naming the registered codecs

@@ -59,7 +59,7 @@ def sim_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[
         args = plan_arguments(strategy, codec, codecs)
         groups = name_buckets(specs, make_buckets(specs, DEFAULT_BUCKET_BYTES))
         choice = BucketChoice(strategy=args["strategy"], codec=get_codec(args["codec"]),
-                              two_way=args.get("two_way", True))
+                              partitions=args.get("partitions"), two_way=args.get("two_way", True))
         choices = [choice] * len(groups)
         options = {"strategy": strategy, "codec": codec}
     if cluster.asymmetry(workers) is None and compact_is_exact(workers, groups, choices):

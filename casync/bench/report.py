@@ -53,9 +53,10 @@ def group_table(result: BenchResult, model: str, workers: int) -> tuple[list[str
     if show_link:
         headers.insert(headers.index("wire MB") + 1, "link MB")
     order = {s: i for i, s in enumerate(strategy_labels())}
-    casync = sorted((r for r in rows if r.system == "casync"),
-                    key=lambda r: (order.get(split_transport(r.strategy)[0], 99), split_transport(r.strategy)[1], list(result.grid.codecs).index(r.codec)
-                                   if r.codec in result.grid.codecs else 99))
+    codecs = list(result.grid.codecs)
+    casync = sorted((r for r in rows if r.system == "casync"),  # by strategy (ring, ring.p8, ring@tcp), then codec
+                    key=lambda r: (order.get(split_transport(r.strategy)[0].partition(".")[0], 99), r.strategy,
+                                   codecs.index(r.codec) if r.codec in codecs else 99))
     for r in [r for r in rows if r.system == "baseline"] + [r for r in rows if r.system == "hook"] + casync:
         if r.error:
             body.append([_system_cell(r), _strategy_cell(r), _codec_cell(r),
@@ -356,7 +357,7 @@ def plot_sim(result: BenchResult, model: str, path: Path) -> str:
     for ax, workers in zip(axes[0], worker_counts):
         rows = [r for r in mine if r.workers == workers]
         bws = sorted({r.bandwidth_gbps for r in rows})
-        for s in strategy_labels():
+        for s in dict.fromkeys(r.strategy for r in rows):  # the grid's labels (ring.p8 too), in its order
             pts = []
             for bw in bws:
                 cand = [r for r in rows if r.strategy == s and r.bandwidth_gbps == bw]

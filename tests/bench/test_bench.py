@@ -257,6 +257,35 @@ def test_grid_rejects_bad_cells():
         "ddp-casync:ring:none", "ddp-casync:ring:onebit"]
 
 
+def test_a_label_may_ask_for_partitions_in_every_row_that_builds_its_plan():
+    """``ring.p8`` measures the ring with 8 partitions per bucket beside plain ``ring``: RayEngine's row, its
+    prediction (the simulated grid's compact template too) and the DDP hook row all get 8."""
+    from casync.bench.hooks import casync_hook, hook_arguments
+
+    cluster = ClusterModel(nodes=4, workers_per_node=1, bandwidth_gbps=10.0)
+    for label, parts in (("ring", 4), ("ring.p8", 8), ("ps-twoway.p8@tcp", 8), ("allgather.p2", 2)):
+        built = make_plan("resnet50", 4, label, "onebit", ("onebit",), cluster)
+        simulated = sim_plan("resnet50", 4, label.partition("@")[0], "onebit", ("onebit",), cluster)
+        assert {len(b.partitions) for b in built.buckets} == {parts}
+        assert {len(b.partitions) for b in simulated.buckets} == {parts}
+    assert plan_arguments("ps-twoway.p16", "onebit", ()) == {"strategy": "ps", "two_way": True, "partitions": 16,
+                                                              "codec": "onebit"}
+    grid = Grid(models=("resnet50",), workers=(4,), strategies=("ring", "ring.p8"), codecs=("onebit",),
+                hooks=("ring.p8/onebit",))
+    assert [c[2] for c in grid.cells()] == ["ring", "ring.p8"]
+    assert grid.hook_variants() == ["ddp-casync:ring.p8:onebit"]
+    assert hook_arguments("ddp-casync:ring.p8:onebit") == {"strategy": "ring", "partitions": 8, "codec": "onebit"}
+    assert casync_hook("ddp-casync:ring.p8:onebit")[0].options.partitions == 8
+
+
+@pytest.mark.parametrize("label", ["ring.8", "ring.p0", "ring.p08", "ring.px", "ring.p8.p4", "auto.p8"])
+def test_a_bad_partition_suffix_is_refused_naming_the_form(label):
+    with pytest.raises(ValueError, match=r"'<label>\.p<count>'"):
+        Grid(strategies=(label,))
+    with pytest.raises(ValueError, match="fixed strategy"):
+        Grid(hooks=(f"{label}/onebit",))
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--codecs", "sevenbit"], "sevenbit"),
     (["--strategies", "butterfly"], "butterfly"),
