@@ -7,7 +7,7 @@ symmetric templates (one representative worker, O(N) ops per bucket) for simulat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 
 from primitives import feedback
@@ -70,6 +70,25 @@ def make_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[Tensor
     if current:
         groups.append(current)
     return groups
+
+
+def given_groups(specs: list[TensorSpec], buckets: Sequence[Sequence[str]]) -> list[list[TensorSpec]]:
+    """``buckets`` (lists of tensor names) as groups of ``specs``; every tensor must be in exactly one bucket and
+    no bucket empty, or ValueError says which."""
+    by_name = {s.name: s for s in specs}
+    if isinstance(buckets, (str, bytes)) or not all(isinstance(b, (list, tuple)) for b in buckets):
+        raise TypeError("buckets must be a list of lists of tensor names")
+    seen: list[str] = [n for b in buckets for n in b]
+    unknown = [n for n in seen if n not in by_name]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    missing = [s.name for s in specs if s.name not in set(seen)]
+    empty = [i for i, b in enumerate(buckets) if not b]
+    if unknown or twice or missing or empty:
+        problems = [f"{what}: {items[:4]}" for what, items in (("unknown tensors", unknown), ("in two buckets", twice),
+                                                                ("in no bucket", missing), ("empty buckets", empty))
+                    if items]
+        raise ValueError(f"buckets must hold every tensor exactly once; {'; '.join(problems)}")
+    return [[by_name[n] for n in b] for b in buckets]
 
 
 def name_buckets(specs: list[TensorSpec], groups: list[list[TensorSpec]]) -> list[tuple[str, list[TensorSpec]]]:

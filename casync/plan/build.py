@@ -6,13 +6,13 @@ A fixed choice (one strategy and codec for every bucket) is assembled here witho
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from primitives import feedback
 from primitives.codecs import Codec, get_codec
 from strategies import get_strategy
 
-from .assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, make_buckets, name_buckets
+from .assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, given_groups, make_buckets, name_buckets
 from .checks import check_bool, check_int, check_nonfinite, check_op, check_partitions
 from .syncplan import SyncPlan
 from .tensors import tensor_specs
@@ -39,6 +39,7 @@ def build_plan(
     profile: Any = None,
     ready_times: Any = None,
     nonfinite: str = "raise",
+    buckets: Sequence[Sequence[str]] | None = None,
 ) -> SyncPlan:
     """Build the sync plan of ``tensors`` across ``workers``.
 
@@ -58,6 +59,9 @@ def build_plan(
     ``nonfinite``: what engines do when a gradient holds NaN/Inf — ``"raise"`` a
     :class:`~casync.errors.NonFiniteGradientError`, ``"skip"`` the step on every worker, or ``"propagate"``
     the values to every worker's result (see :mod:`casync.engines.nonfinite`).
+
+    ``buckets``: the gradient buckets, as lists of tensor names in backward order (each tensor in exactly one;
+    say, a DDP job's own), used as they are instead of fusing tensors up to ``bucket_bytes`` (then ignored).
     """
     check_nonfinite(nonfinite)
     if _is_planned(strategy, codec, partitions):
@@ -74,7 +78,7 @@ def build_plan(
                            strategies=strategy if strategy == "auto" or isinstance(strategy, (list, tuple))
                            else (strategy,), codecs=codec, partitions=partitions, ready_times=ready_times,
                            two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
-                           seed=seed, options=options)
+                           seed=seed, options=options, buckets=buckets)
     workers = check_int("workers", workers, 1)
     strategy_obj = get_strategy(strategy)  # validates the name
     codec_obj = get_codec(codec)
@@ -91,12 +95,17 @@ def build_plan(
     bucket_bytes = check_int("bucket_bytes", bucket_bytes, 0, allow_none=True)
     seed = check_int("seed", seed, 0)
     specs = tensor_specs(tensors)
-    bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
-    groups = name_buckets(specs, make_buckets(specs, bucket_bytes))
+    if buckets is not None:
+        groups = name_buckets(specs, given_groups(specs, buckets))
+        bucket_bytes = None
+    else:
+        bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+        groups = name_buckets(specs, make_buckets(specs, bucket_bytes))
     choice = BucketChoice(strategy=strategy, codec=codec_obj, partitions=partitions, two_way=two_way,
                           servers=servers)
     options = dict(workers=workers, strategy=strategy, codec=codec_obj.spec(), servers=servers,
                    partitions=partitions, two_way=two_way, error_feedback=error_feedback, op=op,
-                   bucket_bytes=bucket_bytes, seed=seed, nonfinite=nonfinite)
+                   bucket_bytes=bucket_bytes, seed=seed, nonfinite=nonfinite,
+                   **({"buckets": "given"} if buckets is not None else {}))
     return assemble_plan(specs, workers, groups, [choice] * len(groups), error_feedback=error_feedback, op=op,
                          options=options)

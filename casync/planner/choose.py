@@ -13,11 +13,11 @@ and within ``min_gain`` of the fastest, the one that compresses least (ties go t
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from primitives import feedback
 
-from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan
+from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan, given_groups
 from ..plan.checks import check_bool, check_int, check_op
 from ..plan.stamp import gc_paused
 from ..plan.syncplan import SyncPlan
@@ -56,7 +56,8 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
                 strategies: Any = "auto", codecs: Any = "auto", partitions: Any = "auto",
                 ready_times: Mapping[str, float] | None = None, *, two_way: bool = True,
                 error_feedback: bool | str = "auto", op: str = "mean", bucket_bytes: int | None = None, seed: int = 0,
-                sim_budget_ops: int = DEFAULT_SIM_BUDGET_OPS, options: Mapping[str, Any] | None = None) -> SyncPlan:
+                sim_budget_ops: int = DEFAULT_SIM_BUDGET_OPS, options: Mapping[str, Any] | None = None,
+                buckets: Sequence[Sequence[str]] | None = None) -> SyncPlan:
     """Choose strategy, codec and partitions per bucket for ``workers`` on ``cluster``; returns the plan.
 
     ``strategies``: ``"auto"`` (ring, ps, allgather) or names; ``codecs``: ``"auto"`` (none, fp16, onebit,
@@ -64,7 +65,9 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     (each strategy's default) or an int.  ``cluster`` defaults to what :func:`~casync.sim.simulator.simulate`
     assumes (all workers on one node); ``profile`` to :meth:`Profile.default`; ``ready_times`` maps tensor
     names to the second their gradient is ready (see :func:`backward_ready_times`).  ``sim_budget_ops``
-    bounds the real-simulator checks (plan ops simulated); 0 trusts the estimator alone.
+    bounds the real-simulator checks (plan ops simulated); 0 trusts the estimator alone.  ``buckets``: the
+    gradient buckets to plan for, as lists of tensor names (each tensor in exactly one, in backward order; a DDP
+    job's own buckets), instead of fusing ``tensors`` into buckets of about ``bucket_bytes``.
 
     Every bucket's ``note`` says why it got its option; ``plan.options["planner"]`` holds the estimated
     and simulated iteration times and which candidate plan won.
@@ -72,13 +75,13 @@ def choose_plan(tensors: Any, workers: int = 4, cluster: ClusterModel | None = N
     with gc_paused():
         return _choose_plan(tensors, workers, cluster, profile, strategies, codecs, partitions, ready_times,
                             two_way=two_way, error_feedback=error_feedback, op=op, bucket_bytes=bucket_bytes,
-                            seed=seed, sim_budget_ops=sim_budget_ops, options=options)
+                            seed=seed, sim_budget_ops=sim_budget_ops, options=options, buckets=buckets)
 
 
 def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profile: Profile | None, strategies: Any,
                  codecs: Any, partitions: Any, ready_times: Mapping[str, float] | None, *, two_way: bool,
                  error_feedback: bool | str, op: str, bucket_bytes: int | None, seed: int, sim_budget_ops: int,
-                 options: Mapping[str, Any] | None) -> SyncPlan:
+                 options: Mapping[str, Any] | None, buckets: Sequence[Sequence[str]] | None = None) -> SyncPlan:
     started = time.perf_counter()
     check_int("workers", workers, 1)
     check_bool("two_way", two_way)
@@ -107,10 +110,11 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
         except KeyError as exc:
             raise ValueError(f"cannot plan with codec {str(c)!r}: {exc.args[0]}") from None
     specs = tensor_specs(tensors)
+    groups = None if buckets is None else given_groups(specs, buckets)
     bucket_bytes = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     planner = Planner(specs, workers, cluster, profile, strategies=strategies, codecs=codec_objs,
                       partitions=partitions, bucket_bytes=bucket_bytes, ready_times=ready_times,
-                      two_way=two_way, error_feedback=error_feedback, op=op)
+                      two_way=two_way, error_feedback=error_feedback, op=op, groups=groups)
 
     # 1. uniform plans (every strategy x codec x partition rule), estimated
     rules: list[Any] = ["default"]
@@ -231,13 +235,15 @@ def _choose_plan(tensors: Any, workers: int, cluster: ClusterModel | None, profi
     plan.options.setdefault("strategy", "auto")
     plan.options.setdefault("codec", "auto")
     plan.options.setdefault("partitions", partitions)
-    plan.options.update(two_way=two_way, bucket_bytes=bucket_bytes, seed=seed, servers=None, planner=dict(
+    plan.options.update(two_way=two_way, bucket_bytes=None if groups is not None else bucket_bytes, seed=seed,
+                        servers=None, **({"buckets": "given"} if groups is not None else {}), planner=dict(
         estimated_s=planner.estimate(best)[0], simulated_s=sim_time, chosen=winner, simulations=sims,
         simulated_ops=sim_ops, compact=planner.exact_compact(best),
         rechecked_fixed=rechecked, candidates=candidates_info,
         strategies=list(strategies), codecs=[str(c) for c in codec_objs], partitions=partitions,
         min_gain_s=min_gain(sim_time if sim_time is not None else planner.estimate(best)[0]),
-        cluster=cluster.to_dict(), choose_s=chose_s, seconds=time.perf_counter() - started))
+        cluster=cluster.to_dict(), ready_s=[b.ready for b in planner.buckets], choose_s=chose_s,
+        seconds=time.perf_counter() - started))
     return plan
 
 

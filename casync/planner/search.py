@@ -58,7 +58,8 @@ class Planner:
 
     def __init__(self, specs: list[TensorSpec], workers: int, cluster: ClusterModel, profile: Profile, *,
                  strategies: Sequence[str], codecs: Sequence[Codec], partitions: Any, bucket_bytes: int,
-                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool | str, op: str = "mean"):
+                 ready_times: Mapping[str, float] | None, two_way: bool, error_feedback: bool | str, op: str = "mean",
+                 groups: list[list[TensorSpec]] | None = None):
         self.specs = specs
         self.workers = workers
         self.cluster = cluster
@@ -69,7 +70,7 @@ class Planner:
         self.two_way = two_way
         self.error_feedback = error_feedback
         self.op = op
-        self.groups = name_buckets(specs, make_buckets(specs, bucket_bytes))
+        self.groups = name_buckets(specs, groups if groups is not None else make_buckets(specs, bucket_bytes))
         ready = bucket_ready_times(self.groups, ready_times, specs)
         self.est = Estimator(workers, cluster, profile, error_feedback=error_feedback, two_way=two_way, op=op)
         none = get_codec("none")

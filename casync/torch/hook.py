@@ -5,8 +5,9 @@ DDP calls the hook once per gradient bucket, in bucket order, as backward fills 
 ends.  With a :class:`~casync.torch.state.CasyncState`:
 
 * **warm-up** — until the plan exists (DDP rebuilds its buckets in its second iteration, its third with
-  ``static_graph``, in the order gradients became ready; the hook records that layout, and the plan is built
-  with exactly those buckets when that iteration ends) and for the first ``start_iter`` iterations, each bucket
+  ``static_graph``, in the order gradients became ready; the hook records that layout and when DDP handed each
+  bucket over, and the plan is built with exactly those buckets when that iteration ends: ``"auto"`` plans for
+  those hand-over times unless ``ready_times=`` was given) and for the first ``start_iter`` iterations, each bucket
   is all-reduced uncompressed (as float32) on casync's own group.  A state restored from a checkpoint has its
   plan from the first iteration on; one saved before its plan existed warms up again in the new process (its
   compressed iterations then start later than in a run that was not interrupted).
@@ -114,6 +115,7 @@ class HookSession:
         self.seen = 0  # iterations of this DDP module seen by the hook (a resumed state's count starts again)
         self.names: dict[int, str] = {}
         self.layout: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
+        self.handed: dict[int, float] = {}  # DDP bucket -> when DDP handed it over in the iteration recorded
         self.current: _Step | None = None
         self.warm: list[torch.futures.Future] = []
         self.where: dict[str, tuple[str, int, int]] = {}  # parameter -> (plan bucket, offset, numel)
@@ -187,6 +189,7 @@ class HookSession:
         if state.plan is None and self._rebuilt():  # DDP's rebuilt buckets: the plan's, in buffer order
             shapes = [tuple(p.shape) for p in bucket.parameters()]
             self.layout[bucket.index()] = [(n, s) for _, n, s in sorted(zip(offsets, names, shapes))]
+            self.handed[bucket.index()] = time.perf_counter()
         work = buffer.detach().to(device="cpu", dtype=torch.float32, copy=True)
         divisor = group.world if state.options.op == "mean" else 1
 
@@ -233,14 +236,21 @@ class HookSession:
             raise SyncError(f"DDP called the hook for buckets {indices} in iteration {state.iter}; expected 0..n-1")
         buckets = [self.layout[i] for i in indices]
         if state.options.planned:
-            plan = plan_for_buckets(state.options, buckets, group.world) if group.rank == 0 else None
+            plan = plan_for_buckets(state.options, buckets, group.world, self._handed_times()) \
+                if group.rank == 0 else None
             plan = group.broadcast_object(plan.to_dict() if plan is not None else None, "sharing the planned plan")
             from ..plan.syncplan import SyncPlan
 
             state.plan = SyncPlan.from_dict(plan, source="rank 0's plan")
         else:
             state.plan = plan_for_buckets(state.options, buckets, group.world)
-        self.layout = {}
+        self.layout, self.handed = {}, {}
+
+    def _handed_times(self) -> dict[str, float]:
+        """When each parameter's gradient was ready in the recorded iteration, as the planner's ``ready_times``:
+        its DDP bucket's hand-over, in seconds after the first bucket's (this rank's; rank 0 plans for all)."""
+        first = min(self.handed.values())
+        return {name: self.handed[i] - first for i, members in self.layout.items() for name, _ in members}
 
     def _compressed(self, bucket: dist.GradBucket, buffer: torch.Tensor, names: list[str], offsets: list[int]
                     ) -> torch.futures.Future:

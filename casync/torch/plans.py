@@ -3,12 +3,13 @@
 A DDP script already decides its gradient buckets (``bucket_cap_mb``, rebuilt by DDP in the order gradients
 became ready in the first iteration); the hook builds its plan with exactly those buckets, so each DDP bucket is
 one plan bucket whose flat buffer is DDP's own.  ``strategy``/``codec`` ``"auto"`` (or lists) hand the choice to
-the planner (``cluster=``, ``profile=``, ``ready_times=``), which fuses tensors into buckets of its own.
+the planner (``cluster=``, ``profile=``, ``ready_times=``), per bucket of those same buckets (or of its own with
+``bucket_bytes=``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from primitives import feedback
 from primitives.codecs import get_codec
@@ -107,24 +108,28 @@ class SyncOptions:
                 "cluster": self.cluster.to_dict() if hasattr(self.cluster, "to_dict") else self.cluster}
 
 
-def plan_for_buckets(options: SyncOptions, buckets: Sequence[Sequence[tuple[str, tuple[int, ...]]]], workers: int
-                     ) -> SyncPlan:
+def plan_for_buckets(options: SyncOptions, buckets: Sequence[Sequence[tuple[str, tuple[int, ...]]]], workers: int,
+                     ready_times: Mapping[str, float] | None = None) -> SyncPlan:
     """The plan of ``buckets`` (parameter (name, shape) lists in the order backward fills them; each list one
     bucket, members in their order in the bucket's flat buffer) across ``workers`` ranks.
 
     Fixed choices keep the buckets as given; buckets smaller than ``min_compress_bytes`` go uncompressed.  With
-    ``"auto"`` the planner fuses the tensors in that order into buckets of its own."""
+    ``"auto"`` the planner chooses per bucket for these same buckets (so a DDP bucket stays one plan bucket, its
+    buffer synced in place), or fuses the tensors into buckets of its own where ``bucket_bytes`` was given; it
+    plans for the options' ``ready_times``, else for ``ready_times`` here (the hook's measured hand-over times)."""
     specs = [TensorSpec(name, tuple(int(d) for d in shape)) for group in buckets for name, shape in group]
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"a parameter appears twice in the gradient buckets: "
                          f"{sorted({n for n in names if names.count(n) > 1})[:4]}")
     if options.planned:
+        given = None if options.bucket_bytes is not None else [[name for name, _ in g] for g in buckets if g]
         return build_plan([(s.name, s.shape) for s in specs], workers=workers, strategy=options.strategy,
                           codec=options.codec, partitions=options.partitions, two_way=options.two_way,
                           error_feedback=options.error_feedback, op=options.op, bucket_bytes=options.bucket_bytes,
                           seed=options.seed, cluster=options.cluster, profile=options.profile,
-                          ready_times=options.ready_times, nonfinite=options.nonfinite)
+                          ready_times=options.ready_times if options.ready_times is not None else ready_times,
+                          nonfinite=options.nonfinite, buckets=given)
     codec = get_codec(None if options.codec == "none" else options.codec)
     plain = get_codec(None)
     groups, offset = [], 0

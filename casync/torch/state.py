@@ -214,7 +214,9 @@ class CasyncState(SyncState):
     ``process_group``: the ranks DDP syncs over (None: the default group); casync makes its own groups over
     them with ``timeout_s``.  ``strategy`` / ``codec`` / ``error_feedback`` / ``**plan_options``
     (``partitions``, ``two_way``, ``op``, ``seed``; ``cluster``, ``profile``, ``ready_times`` and
-    ``bucket_bytes`` with ``"auto"``) are :func:`casync.build_plan`'s.  The first iterations sync uncompressed
+    ``bucket_bytes`` with ``"auto"``) are :func:`casync.build_plan`'s; ``"auto"`` chooses per DDP bucket, for the
+    times DDP handed the buckets over in the iteration whose layout the plan takes (``ready_times=`` overrides
+    them; ``bucket_bytes=`` has the planner fuse buckets of its own).  The first iterations sync uncompressed
     (an all-reduce on casync's group) until DDP has rebuilt its buckets (in its second iteration, the third with
     ``static_graph``; the plan then uses those buckets) and until ``start_iter``; they count as steps.
     ``min_compress_bytes``: smaller buckets stay uncompressed.  ``nonfinite``: ``"propagate"`` (default: a

@@ -79,6 +79,34 @@ def test_bucketing_fuses_small_tensors_in_backward_order():
     assert len(unfused.buckets) == 11
 
 
+@pytest.mark.parametrize("choice", [dict(strategy="ps", codec="onebit"),
+                                    dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=2))])
+def test_given_buckets_are_kept_fixed_or_planned(choice):
+    """``buckets=`` (a DDP job's own): each list one bucket, in that order and member order, whatever
+    ``bucket_bytes`` says; the planner then chooses per given bucket."""
+    shapes = [(f"t{i}", (100,)) for i in range(5)] + [("big", (10_000,))]
+    given = [["t1", "t0"], ["big"], ["t2", "t3", "t4"]]
+    plan = casync.build_plan(shapes, workers=2, bucket_bytes=1000, buckets=given, **choice)
+    assert [b.tensor_names for b in plan.buckets] == given
+    assert plan.options["buckets"] == "given" and plan.options["bucket_bytes"] is None
+    assert plan.bucket("big").numel == 10_000 and plan.bucket("bucket2").members[2].offset == 200
+    again = casync.SyncPlan.from_dict(plan.to_dict())
+    assert [b.tensor_names for b in again.buckets] == given
+
+
+@pytest.mark.parametrize("buckets,exc,match", [
+    ([["t0"], ["t1"]], ValueError, r"in no bucket: \['big'\]"),
+    ([["t0", "t1", "big"], ["t1"]], ValueError, r"in two buckets: \['t1'\]"),
+    ([["t0", "t1", "big", "nope"]], ValueError, r"unknown tensors: \['nope'\]"),
+    ([["t0", "t1", "big"], []], ValueError, r"empty buckets: \[1\]"),
+    ("t0,t1,big", TypeError, "list of lists of tensor names"),
+])
+@pytest.mark.parametrize("strategy", ["ring", "auto"])
+def test_bad_given_buckets_name_what_is_wrong(buckets, exc, match, strategy):
+    with pytest.raises(exc, match=match):
+        casync.build_plan([("t0", (4,)), ("t1", (4,)), ("big", (9,))], workers=2, strategy=strategy, buckets=buckets)
+
+
 def test_partitions_clamped_to_tensor_size():
     plan = casync.build_plan({"one": (1,), "scalar": (), "empty": (0,)}, workers=8, strategy="ring", bucket_bytes=0)
     assert [len(b.partitions) for b in plan.buckets] == [1, 1, 1]

@@ -63,7 +63,8 @@ def synced_gradients(rank: int, world: int, configs: list[dict], steps: int = 5,
                          for n, p in model.module.named_parameters()})
         out.append({"grads": seen, "plan": state.plan.to_dict(), "compressing_from": 2,
                     "buckets": len(state.plan.buckets), "iteration": state.iter,
-                    "in_place": state.session.stats["in_place"], "lent": state.session.stats["lent"]})
+                    "in_place": state.session.stats["in_place"], "lent": state.session.stats["lent"],
+                    "as_planned": state.session.stats["as_planned"]})
     return out
 
 

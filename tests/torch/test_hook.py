@@ -11,7 +11,12 @@ from tests.torch.harness import RankError, ok, run_ranks
 
 CONFIGS = [dict(strategy=s, codec=c) for s in ("ring", "ps", "allgather") for c in ("none", "onebit", "topk:ratio=0.1")]
 EXTRA = [dict(strategy="ring", codec="onebit", min_compress_bytes=10_000),  # small buckets stay uncompressed
+         # the planner chooses per DDP bucket, for the times DDP handed them over (measured in warm-up) ...
          dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=3, bandwidth_gbps=1)),
+         # ... or for the ready times given; with bucket_bytes it fuses buckets of its own (copied in and out)
+         dict(strategy="auto", codec=["none", "onebit"], cluster=casync.ClusterModel(nodes=3), ready_times={}),
+         dict(strategy="auto", codec="onebit", partitions="auto", cluster=casync.ClusterModel(nodes=3),
+              bucket_bytes=0),  # (0: one bucket per tensor)
          dict(strategy="ps", codec="onebit", compute_threads=2),  # ops at once on a rank: the same floats
          dict(strategy="ring", codec="topk:ratio=0.1", compute_threads=3),
          # DDP's .grad as views into its bucket buffers (as the benchmarks run it), which the hook writes into
@@ -36,8 +41,18 @@ def test_hook_is_bit_identical_to_local_engine():
         assert all(run["plan"] == runs[0]["plan"] for run in runs), f"{config}: ranks report different plans"
         assert runs[0]["iteration"] == steps
         plan = casync.SyncPlan.from_dict(runs[0]["plan"])
-        if config["strategy"] == "auto":  # the planner's own buckets: gradients copied parameter by parameter
-            assert plan.options.get("planner")
+        if "bucket_bytes" in config:  # the planner's own buckets: gradients copied parameter by parameter
+            assert plan.options["planner"] and len(plan.buckets) == len(SHAPES)
+            assert {run["as_planned"] for run in runs} == {1}  # 'big', alone in DDP's buckets and the plan's
+        elif config["strategy"] == "auto":  # a choice per DDP bucket, each synced in its DDP buffer
+            assert len(plan.buckets) == 2 and plan.options["buckets"] == "given"
+            assert {run["as_planned"] for run in runs} == {2}
+            assert {run["in_place"] for run in runs} == {sum(b.strategy in ("ring", "ps") for b in plan.buckets)}
+            ready = plan.options["planner"]["ready_s"]  # DDP's bucket 0 first, bucket 1 after it
+            if config.get("ready_times") == {}:
+                assert ready == [0.0, 0.0]
+            else:
+                assert ready[0] == 0.0 < ready[1] < 5.0, ready
         else:  # DDP's buckets ('big' alone, the rest fused)
             assert len(plan.buckets) == 2 and {b.strategy for b in plan.buckets} == {config["strategy"]}
         if "min_compress_bytes" in config:
