@@ -50,7 +50,9 @@ from typing import Any, Callable, Sequence
 from ..datasets.gradients import exact_mean, model_shapes, worker_flat
 from ..engines.executor import WARMUP_SYNCS
 from ..engines.memory import keep_freed_memory
+from ..sim.costmodel import ClusterModel
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
+from .predict import plan_choices
 
 BASELINES: dict[str, str] = {
     "gloo-tensor": "gloo all_reduce, per tensor",
@@ -200,6 +202,7 @@ def _rank_main(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{args.master}", rank=args.rank, world_size=args.world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = args.rank, args.world
+    cluster = ClusterModel(**json.loads(args.cluster)) if args.cluster else None
     shapes = model_shapes(args.model)
     flat_np = worker_flat(args.model, rank, args.seed)
     flat = torch.from_numpy(flat_np)
@@ -258,7 +261,7 @@ def _rank_main(args: argparse.Namespace) -> None:
                                                     warm_start=True, random_seed=args.seed)
                 hook = powerSGD_hook.powerSGD_hook
             elif is_hook(variant):
-                state, hook = casync_hook(variant, args.compute_threads)
+                state, hook = casync_hook(variant, args.compute_threads, cluster)
             elif variant == NO_COMMUNICATION:
                 hook, payload = _no_communication, 0
             else:
@@ -306,6 +309,8 @@ def _rank_main(args: argparse.Namespace) -> None:
             if is_hook(variant):
                 entry["wire_bytes"], entry["dense_wire_bytes"] = wire
                 entry["timeline"] = _hook_timeline(gathered)
+                if state.options.planned:  # what the planner chose per DDP bucket
+                    entry["plan"] = plan_choices(state.plan)
             if args.check and variant != NO_COMMUNICATION:
                 exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
                 entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))
@@ -322,9 +327,10 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Sequence[str], iters: int = 3,
                   warmup: int = WARMUP_SYNCS, seed: int = 0, check: bool = True,
-                  timeout_s: float = 900.0, compute_threads: int = 1) -> dict[str, Any]:
+                  timeout_s: float = 900.0, compute_threads: int = 1, cluster: Any = None) -> dict[str, Any]:
     """Run ``variants`` on ``workers`` gloo ranks; per variant: sync times (s), payload and wire bytes, checks.
-    ``compute_threads``: ops each rank of a DDP + casync hook variant runs at once (``CasyncState``'s).
+    ``compute_threads``: ops each rank of a DDP + casync hook variant runs at once (``CasyncState``'s);
+    ``cluster``: the ``ClusterModel`` an ``auto`` hook variant plans for (required for one).
 
     Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds
     ``timeout_s``; every rank process is ended either way.
@@ -333,8 +339,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {list(BASELINES)} or ddp-casync:<strategy>:<codec>")
     for v in variants:
-        if is_hook(v):
-            hook_arguments(v)  # a bad label or codec fails here, not in every rank
+        if is_hook(v) and hook_arguments(v)["strategy"] == "auto" and cluster is None:  # (a bad label fails here)
+            raise ValueError(f"{v!r} plans for the setup's cluster model: pass run_baselines(cluster=...)")
     if not variants:
         return {}
     with tempfile.TemporaryDirectory(prefix="casync-baseline-") as tmp:
@@ -353,7 +359,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
                                                "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
                                                "--variants", ",".join(variants), "--result", str(result),
                                                "--timeout", str(int(timeout_s)),
-                                               "--compute-threads", str(compute_threads)] + (["--check"] if check else [])
+                                               "--compute-threads", str(compute_threads)] + (["--check"] if check else []) \
+                    + (["--cluster", json.dumps(cluster.to_dict())] if cluster is not None else [])
                 # CPU ranks: see the module docstring for why GPUs are hidden from them
                 env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **launcher.env(rank))
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -402,6 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--compute-threads", type=int, default=1, help="ops a casync hook's rank runs at once")
     p.add_argument("--check", action="store_true", help="rank 0 compares its result with the exact mean")
+    p.add_argument("--cluster", default=None, help="the ClusterModel (JSON) an auto hook variant plans for")
     _rank_main(p.parse_args(argv))
     # Leave without interpreter teardown: torch's gloo/DDP helper threads sometimes abort the process while
     # being destroyed at exit ("terminate called without an active exception") after all work is done.

@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baselines", type=_list, default=None,
                    help=f"comma-separated baselines ({','.join(BASELINES)}), or 'none'")
     p.add_argument("--hooks", type=_list, default=None,
-                   help="'DDP + casync hook' rows: comma-separated strategy/codec (ring/onebit, ring.p8/onebit), "
-                        "'all' (every measured strategy but auto x every codec; the full grid's default) or 'none'")
+                   help="'DDP + casync hook' rows: comma-separated strategy/codec (ring/onebit, ring.p8/onebit; "
+                        "auto/onebit: the planner per DDP bucket, for this setup's cluster), 'all' (every measured "
+                        "strategy but auto x every codec; the full grid's default) or 'none'")
     p.add_argument("--sim-workers", type=_ints, default=None, help="simulated worker counts (full: 8,16,64)")
     p.add_argument("--sim-bandwidths", type=_floats, default=None, help="simulated link Gbps (full: 1,10,25,100)")
     p.add_argument("--sim-models", type=_list, default=None, help="simulated models (default: the measured ones)")

@@ -5,8 +5,9 @@ It runs in the baselines' rank processes (``casync.bench.baselines``): the same 
 benchmark gradients, ``DistributedDataParallel`` with 25 MiB buckets, and ``casync.torch.comm_hook`` with a
 ``CasyncState`` of the label's ``build_plan`` arguments — the same strategy and codec as the RayEngine row, on
 DDP's own buckets.  It is timed like the DDP baselines (first hook call to last bucket's future) after the
-uncompressed iterations the hook starts with.  ``auto`` labels are not offered: their plan needs the setup's
-cluster model, which the rank processes do not get.
+uncompressed iterations the hook starts with.  ``auto/<codec>`` has the planner choose per DDP bucket (strategy,
+partitions, and whether to compress with the codec) for the setup's cluster model, which the ranks are handed,
+and for the times DDP hands the buckets over in the warm-up.
 """
 from __future__ import annotations
 
@@ -34,28 +35,39 @@ def parse_hook_variant(name: str) -> tuple[str, str]:
     return parts[1], parts[2]
 
 
-def hook_arguments(name: str) -> dict[str, Any]:
+def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
     """``CasyncState`` keyword arguments of a row (its strategy label's ``build_plan`` arguments, a ``.p<K>``
-    partition count included, and codec)."""
+    partition count included, and codec); an ``auto`` row plans for ``cluster`` (a ``ClusterModel``; rows are
+    checked without one)."""
     from primitives.codecs import get_codec
 
-    from .grid import label_arguments
+    from .grid import AUTO_CODEC, label_arguments
 
     label, codec = parse_hook_variant(name)
-    if label.partition(".")[0] == "auto" or "@" in label:
-        raise ValueError(f"{name!r}: the DDP hook rows take a fixed strategy label (not 'auto': its plan needs the "
-                         "setup's cluster model) and run on the ranks' own gloo group (no '@transport')")
+    if "@" in label:
+        raise ValueError(f"{name!r}: the DDP hook rows run on the ranks' own gloo group (no '@transport')")
     args = label_arguments(label)
     if args.get("servers") is not None:
         raise ValueError(f"{name!r}: dedicated servers do not run in a DDP job; choose co-located PS")
+    if codec == AUTO_CODEC:
+        raise ValueError(f"{name!r}: a DDP hook row takes one codec ('auto/onebit': the planner chooses per bucket "
+                         "between it and none)")
     get_codec(None if codec == "none" else codec)  # validates, naming the registered codecs
-    args["codec"] = "none" if codec == "none" else codec
+    if args["strategy"] == "auto":
+        args["codec"] = list(dict.fromkeys(["none", codec]))
+        if cluster is not None:
+            args["cluster"] = cluster
+    else:
+        args["codec"] = "none" if codec == "none" else codec
     return args
 
 
-def casync_hook(name: str, compute_threads: int = 1) -> tuple[Any, Any]:
+def casync_hook(name: str, compute_threads: int = 1, cluster: Any = None) -> tuple[Any, Any]:
     """Inside a rank: the ``CasyncState`` and the hook of the row (the replica check off: it is not sync time),
-    running ``compute_threads`` ops at once."""
+    running ``compute_threads`` ops at once; ``cluster``: what an ``auto`` row plans for."""
     import casync.torch as ct
 
-    return ct.CasyncState(check_every=0, compute_threads=compute_threads, **hook_arguments(name)), ct.comm_hook
+    args = hook_arguments(name, cluster)
+    if args["strategy"] == "auto" and "cluster" not in args:
+        raise ValueError(f"{name!r}: an auto row plans for the setup's cluster model; none was given")
+    return ct.CasyncState(check_every=0, compute_threads=compute_threads, **args), ct.comm_hook

@@ -60,15 +60,14 @@ class Row:
         if self.system == "baseline":
             return BASELINES.get(self.strategy, self.strategy)
         if self.system == "hook":
-            label, codec = parse_hook_variant(self.strategy)
-            return f"DDP + casync hook {label} / {codec_label(codec)}"
+            return f"DDP + casync hook {parse_hook_variant(self.strategy)[0]} / {self.codec_cell}"
         return f"{self.strategy} / {self.codec_cell}"
 
     @property
     def codec_cell(self) -> str:
         """The codec; for an ``auto`` row also what the planner chose per bucket (it may send all uncompressed)."""
         label = codec_label(self.codec)
-        if self.system == "casync" and split_transport(self.strategy)[0] == "auto" and self.plan:
+        if self.system in ("casync", "hook") and self.plan:
             used = sorted({f"{p['strategy']}/{codec_label(_spec(p['codec']))}" for p in self.plan})
             return f"{label} → " + ", ".join(used)
         return label
@@ -287,7 +286,8 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
     row's timeline of its last timed iteration goes, keyed like the casync cells'."""
     try:
         raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed,
-                            compute_threads=compute_threads)
+                            compute_threads=compute_threads,
+                            cluster=setup.cluster_model(workers, compute_lanes=compute_threads))
     except Exception as exc:  # recorded; the comparison goes on without them
         say(f"baselines on {model} N={workers} failed: {exc}")
         return [Row(model=model, workers=workers, system="hook" if is_hook(name) else "baseline", strategy=name,
@@ -302,7 +302,8 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
                         wall_s=sorted(e["backward_s"])[len(e["backward_s"]) // 2], wire_bytes=e["wire_bytes"],
                         dense_wire_bytes=e["dense_wire_bytes"],
                         compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
-                        consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes")))
+                        consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes"),
+                        plan=e.get("plan")))
         if hook and timelines is not None and e.get("timeline"):
             timelines[(model, workers, name, rows[-1].codec)] = e["timeline"]
     return rows
@@ -398,7 +399,8 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
             bar.set_description(f"head to head {model} N={workers}, round {r + 1}/{rounds}")
             try:
                 raw = run_baselines(setup.launcher(), model, workers, torch_rows, iters=iters, warmup=warmup,
-                                    seed=seed, compute_threads=result.grid.compute_threads)
+                                    seed=seed, compute_threads=result.grid.compute_threads,
+                                    cluster=setup.cluster_model(workers, compute_lanes=result.grid.compute_threads))
                 run = measure_plan(plan, store, None, address=setup.ray_address, iters=iters, warmup=warmup,
                                    transport=split_transport(best.strategy)[1],
                                    compute_threads=result.grid.compute_threads,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from casync.bench.baselines import RankLauncher, run_baselines
 from casync.bench.grid import Grid
 from casync.bench.runner import run_bench
@@ -41,3 +43,9 @@ def test_a_failed_rank_is_reported_with_its_cause_without_a_progress_bar(capsys)
     assert "rank 1 exited with 7" in row.error and "ValueError: boom in rank 1" in row.error
     err = capsys.readouterr().err
     assert "baselines on tiny N=2 failed" in err and "ValueError: boom in rank 1" in err
+
+
+def test_an_auto_hook_variant_needs_the_cluster_it_plans_for():
+    """Refused before any rank starts (a rank would otherwise fail deep inside DDP's first iteration)."""
+    with pytest.raises(ValueError, match="cluster model"):
+        run_baselines(local_setup().launcher(), "tiny", 2, ["ddp-casync:auto:onebit"])

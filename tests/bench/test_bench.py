@@ -77,6 +77,7 @@ def test_json_has_every_measured_row_with_sane_values(bench_run):
     assert {r["strategy"] for r in rows if r["system"] == "baseline"} == set(BASELINES)
     (hook,) = [r for r in rows if r["system"] == "hook"]
     assert hook["strategy"] == "ddp-casync:ps-twoway:onebit" and hook["label"] == "DDP + casync hook ps-twoway / onebit"
+    assert hook["plan"] is None
     # the same configuration through DDP's buckets: one bit per element on the wire, like the RayEngine row's
     assert hook["compression"] > 10 and casync[("ps-twoway", "onebit")]["compression"] > 10
     assert 0 < hook["rel_error"] < 2
@@ -231,6 +232,21 @@ def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_p
     assert casync_hook("ddp-casync:ring:onebit", 2)[0].compute_threads == 2
 
 
+def test_an_auto_hook_row_plans_per_ddp_bucket_for_the_setups_cluster(tmp_path):
+    """``--hooks auto/onebit``: the ranks get the setup's cluster model, the planner chooses per DDP bucket
+    (none or onebit, a strategy, partitions), and the row shows and records what it chose."""
+    code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", "", "--baselines", "ddp",
+                 "--hooks", "auto/onebit", "--no-sim", "--iters", "1", "--warmup", "0", "--out", str(tmp_path),
+                 "--no-progress"])
+    assert code == 0
+    (auto,) = [r for r in json.loads((tmp_path / "bench.json").read_text())["rows"] if r["system"] == "hook"]
+    assert auto["error"] is None and auto["consistent"] is True and auto["strategy"] == "ddp-casync:auto:onebit"
+    assert auto["plan"] and all(p["strategy"] in ("ps", "ring", "allgather") and p["codec"] in ("none", "onebit")
+                                for p in auto["plan"])
+    assert auto["label"].startswith("DDP + casync hook auto / onebit → ")
+    assert auto["label"] in (tmp_path / "bench.md").read_text()
+
+
 def test_grid_rejects_bad_cells():
     with pytest.raises(ValueError, match="unknown strategy label"):
         Grid(strategies=("butterfly",))
@@ -242,8 +258,10 @@ def test_grid_rejects_bad_cells():
         Grid(baselines=("nccl",))
     with pytest.raises(ValueError, match="ints >= 2"):
         Grid(workers=(1,))
-    with pytest.raises(ValueError, match="not 'auto'"):
-        Grid(hooks=("auto/onebit",))
+    with pytest.raises(ValueError, match="takes one codec"):
+        Grid(hooks=("auto/auto",))
+    with pytest.raises(ValueError, match="no '@transport'"):
+        Grid(hooks=("ring@tcp/onebit",))
     with pytest.raises(ValueError, match="strategy/codec"):
         Grid(hooks=("ring",))
     with pytest.raises(ValueError, match="sevenbit"):
