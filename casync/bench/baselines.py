@@ -181,6 +181,12 @@ def _hook_timeline(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["start"])
 
 
+def _handed(state: Any) -> dict[str, float]:
+    """When this rank handed each plan bucket to its runner in the hook's last compressed iteration
+    (``time.time()``)."""
+    return dict(state.session.last[0].provided)
+
+
 def _tx_bytes() -> int | None:
     """Bytes this rank's namespace has sent on its gloo interface, counted by the interface's shaping qdisc
     like casync's (None on loopback, which other processes of the machine share, or without tc)."""
@@ -296,7 +302,8 @@ def _rank_main(args: argparse.Namespace) -> None:
         probe = reduced[:: max(1, numel // 4096)].clone()
         dist.all_gather_object(gathered, {"starts": starts, "ends": ends, "walls": walls,
                                           "probe": probe.numpy().tobytes(), "payload": payload, "sent": sent,
-                                          "timeline": state.timeline() if is_hook(variant) else None})
+                                          "timeline": state.timeline() if is_hook(variant) else None,
+                                          "handed": _handed(state) if is_hook(variant) else None})
         if rank == 0:
             spans = [max(g["ends"][i] for g in gathered) - min(g["starts"][i] for g in gathered) for i in range(iters)]
             entry = {"sync_s": spans, "backward_s": [max(g["walls"][i] for g in gathered) for i in range(iters)],
@@ -311,6 +318,10 @@ def _rank_main(args: argparse.Namespace) -> None:
                 entry["timeline"] = _hook_timeline(gathered)
                 if state.options.planned:  # what the planner chose per DDP bucket
                     entry["plan"] = plan_choices(state.plan)
+                # for the prediction: the plan, and each bucket ready when the last rank handed it over
+                t0 = min(g["starts"][-1] for g in gathered)
+                entry["sim_plan"] = state.plan.to_dict()
+                entry["ready_s"] = {b: max(g["handed"][b] for g in gathered) - t0 for b in gathered[0]["handed"]}
             if args.check and variant != NO_COMMUNICATION:
                 exact = torch.from_numpy(exact_mean(args.model, world, args.seed))
                 entry["rel_error"] = float(torch.linalg.vector_norm(reduced - exact) / torch.linalg.vector_norm(exact))

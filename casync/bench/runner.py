@@ -19,7 +19,9 @@ from typing import Any, Callable
 
 from ..datasets.gradients import exact_mean
 from ..engines.executor import WARMUP_SYNCS
+from ..plan.syncplan import SyncPlan
 from ..sim.costmodel import Profile
+from ..sim.simulator import simulate
 from .baselines import BASELINES, REFERENCE, run_baselines
 from .grid import Grid, codec_label, split_transport
 from .hooks import is_hook, parse_hook_variant
@@ -233,7 +235,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
         for model, workers in groups if torch_rows else []:
             bar.set_description(f"baselines {model} N={workers}")
             rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say, grid.compute_threads,
-                                   result.measured_timelines)
+                                   result.measured_timelines, profile)
             bar.update(1)
 
         # 2. casync cells on RayEngine
@@ -280,14 +282,15 @@ BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-p
 
 def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...], iters: int, warmup: int,
                    seed: int, say: Callable[[str], None], compute_threads: int = 1,
-                   timelines: dict[tuple, list] | None = None) -> list[Row]:
+                   timelines: dict[tuple, list] | None = None, profile: Profile | None = None) -> list[Row]:
     """One row per baseline of a (model, workers) group; on failure, rows carrying the error.
     ``compute_threads``: ops each rank of a DDP + casync hook row runs at once.  ``timelines``: where each hook
-    row's timeline of its last timed iteration goes, keyed like the casync cells'."""
+    row's timeline of its last timed iteration goes, keyed like the casync cells'.  A hook row is predicted with
+    ``profile`` on the setup's cluster model, its buckets ready when DDP handed them over."""
     try:
+        cluster = setup.cluster_model(workers, compute_lanes=compute_threads)
         raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed,
-                            compute_threads=compute_threads,
-                            cluster=setup.cluster_model(workers, compute_lanes=compute_threads))
+                            compute_threads=compute_threads, cluster=cluster)
     except Exception as exc:  # recorded; the comparison goes on without them
         say(f"baselines on {model} N={workers} failed: {exc}")
         return [Row(model=model, workers=workers, system="hook" if is_hook(name) else "baseline", strategy=name,
@@ -303,10 +306,25 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
                         dense_wire_bytes=e["dense_wire_bytes"],
                         compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
                         consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes"),
-                        plan=e.get("plan")))
+                        plan=e.get("plan"), predicted_s=_hook_prediction(e, cluster, profile, say) if hook else None))
         if hook and timelines is not None and e.get("timeline"):
             timelines[(model, workers, name, rows[-1].codec)] = e["timeline"]
     return rows
+
+
+def _hook_prediction(entry: dict[str, Any], cluster: Any, profile: Profile | None,
+                     say: Callable[[str], None]) -> float | None:
+    """The simulator's span of a hook row's plan from the first hook call, each bucket ready when the last rank
+    handed it over in the row's last timed iteration (None where the row did not say, or the simulation failed:
+    said, and the measured row kept)."""
+    if not entry.get("sim_plan") or entry.get("ready_s") is None:
+        return None
+    try:
+        plan = SyncPlan.from_dict(entry["sim_plan"], source="the hook row's plan")
+        return simulate(plan, cluster, profile, ready_times=entry["ready_s"]).iteration_time
+    except Exception as exc:
+        say(f"predicting a hook row failed: {_short(exc)}")
+        return None
 
 
 def _sim_cluster(workers: int, bandwidth_gbps: float):

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+import casync
 from casync.bench.grid import Grid, plan_arguments
 from casync.bench.predict import sim_plan, make_plan
 from casync.bench.setup import local_setup, netem_setup, parse_rate_gbps
@@ -77,7 +78,7 @@ def test_json_has_every_measured_row_with_sane_values(bench_run):
     assert {r["strategy"] for r in rows if r["system"] == "baseline"} == set(BASELINES)
     (hook,) = [r for r in rows if r["system"] == "hook"]
     assert hook["strategy"] == "ddp-casync:ps-twoway:onebit" and hook["label"] == "DDP + casync hook ps-twoway / onebit"
-    assert hook["plan"] is None
+    assert hook["plan"] is None and hook["predicted_s"] > 0  # predicted from when DDP handed its buckets over
     # the same configuration through DDP's buckets: one bit per element on the wire, like the RayEngine row's
     assert hook["compression"] > 10 and casync[("ps-twoway", "onebit")]["compression"] > 10
     assert 0 < hook["rel_error"] < 2
@@ -245,6 +246,26 @@ def test_an_auto_hook_row_plans_per_ddp_bucket_for_the_setups_cluster(tmp_path):
                                 for p in auto["plan"])
     assert auto["label"].startswith("DDP + casync hook auto / onebit → ")
     assert auto["label"] in (tmp_path / "bench.md").read_text()
+    assert auto["predicted_s"] > 0  # its plan simulated from the first hook call (see the next test)
+
+
+def test_a_hook_row_is_predicted_from_when_ddp_handed_its_buckets_over():
+    """The simulator's span of the row's plan, each bucket ready when the last rank handed it over: a bucket
+    handed over later moves the prediction; a row without its plan has none."""
+    from casync.bench.runner import _hook_prediction
+
+    plan = casync.build_plan("tiny", workers=2, strategy="ring", codec="onebit")
+    cluster = local_setup().cluster_model(2)
+    ready = {b.name: 0.001 * i for i, b in enumerate(plan.buckets)}
+    entry = {"sim_plan": plan.to_dict(), "ready_s": ready}
+    got = _hook_prediction(entry, cluster, None, print)
+    assert got == pytest.approx(simulate(plan, cluster, ready_times=ready).iteration_time)
+    late = dict(ready, **{plan.buckets[-1].name: 0.5})
+    assert _hook_prediction(dict(entry, ready_s=late), cluster, None, print) > 0.5 > got
+    assert _hook_prediction({"sim_plan": None, "ready_s": None}, cluster, None, print) is None
+    said = []
+    assert _hook_prediction(dict(entry, ready_s={"no such bucket": 0.1}), cluster, None, said.append) is None
+    assert said and "predicting a hook row failed" in said[0]
 
 
 def test_grid_rejects_bad_cells():
