@@ -1,11 +1,5 @@
-"""What a strategy comparison runs: the strategies, codecs, models and worker counts, and the preset grids.
-
-A strategy label names a way to call :func:`casync.build_plan`; ``auto`` hands strategy, partitions and
-(selective) compression to the planner, which needs the :class:`~casync.ClusterModel` of the setup.  A fixed
-label may ask for a number of partitions per bucket (``ring.p8``: the ring with 8 partitions instead of its
-default), so that partitionings can be measured side by side in one run, and may name a data plane
-(``ring.p8@tcp``).
-"""
+"""What a strategy comparison runs: the strategies, codecs, models and worker counts, and the preset grids
+(the strategy labels themselves: :mod:`casync.bench.labels`)."""
 from __future__ import annotations
 
 import math
@@ -13,54 +7,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from primitives.codecs import get_codec
-from strategies import STRATEGIES as STRATEGY_REGISTRY
 
+from .labels import (AUTO_CODEC, DEFAULT_TRANSPORT, TRANSPORTS, label_arguments, plan_arguments, split_transport,
+                     strategy_labels)
 
-def strategy_labels() -> dict[str, dict[str, Any]]:
-    """Strategy label -> fixed build_plan arguments, from the strategy registry (``auto``: the planner)."""
-    labels: dict[str, dict[str, Any]] = {}
-    for strategy in STRATEGY_REGISTRY.values():
-        labels.update(strategy.variants())
-    labels["auto"] = {"strategy": "auto", "partitions": "auto"}
-    return labels
-
-
-#: the data plane the measured rows run on unless a label names another (``ring@objectstore``)
-DEFAULT_TRANSPORT = "direct"
-TRANSPORTS: tuple[str, ...] = ("direct", "tcp", "gloo", "objectstore")
-
-
-def label_arguments(label: str) -> dict[str, Any]:
-    """``build_plan`` arguments of a strategy label without its transport: ``"ps-twoway"`` -> ``{"strategy":
-    "ps", "two_way": True}``, ``"ring.p8"`` -> ``{"strategy": "ring", "partitions": 8}``; an unknown label or
-    a bad partition count raises ValueError naming the choices."""
-    labels = strategy_labels()
-    base, dot, suffix = label.partition(".")
-    if base not in labels:
-        raise ValueError(f"unknown strategy label {label!r}; choose from {sorted(labels)}, optionally with a "
-                         "partition count (ring.p8)")
-    args = dict(labels[base])
-    if dot:
-        count = suffix[1:]
-        if base == "auto" or not suffix.startswith("p") or not count.isdigit() or int(count) < 1 \
-                or count != str(int(count)):
-            raise ValueError(f"strategy label {label!r}: a fixed strategy takes partitions as '<label>.p<count>' "
-                             f"(e.g. {base if base != 'auto' else 'ring'}.p8, count >= 1); 'auto' chooses its own")
-        args["partitions"] = int(count)
-    return args
-
-
-def split_transport(label: str) -> tuple[str, str]:
-    """``"ring@objectstore"`` -> ``("ring", "objectstore")``; a plain label runs on the default transport."""
-    base, _, transport = label.partition("@")
-    return base, transport or DEFAULT_TRANSPORT
+__all__ = ["AUTO_CODEC", "CODECS", "DEFAULT_TRANSPORT", "FULL", "Grid", "MODELS", "QUICK", "STRATEGIES", "TRANSPORTS",
+           "codec_label", "label_arguments", "plan_arguments", "split_transport", "strategy_labels"]
 
 
 #: the built-in labels (a strategy registered later joins :func:`strategy_labels`)
 STRATEGIES: dict[str, dict[str, Any]] = strategy_labels()
 CODECS: tuple[str, ...] = ("none", "fp16", "onebit", "terngrad", "topk:ratio=0.01", "randomk:ratio=0.01")
-#: the codec column value of the planner row that may pick any of the grid's codecs per bucket
-AUTO_CODEC = "auto"
 MODELS: tuple[str, ...] = ("resnet50", "vgg16", "bert-base", "gpt2")
 WORKERS: tuple[int, ...] = (2, 4)
 SIM_WORKERS: tuple[int, ...] = (8, 16, 64)
@@ -74,27 +31,6 @@ def codec_label(codec: str) -> str:
     c = get_codec(None if codec == "none" else codec)
     ratio = c.params().get("ratio")
     return f"{c.name} {ratio * 100:g}%" if ratio is not None else c.name
-
-
-def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...]) -> dict[str, Any]:
-    """``build_plan`` keyword arguments for one grid cell (without model, workers or cluster).
-
-    ``auto`` with a codec ``c`` lets the planner choose, per bucket, the strategy, the partitions and
-    whether to compress with ``c`` (candidates: none and ``c``); ``auto`` with :data:`AUTO_CODEC` lets it
-    choose among all of ``codecs``.
-    """
-    strategy = split_transport(strategy)[0]
-    args = label_arguments(strategy)
-    if strategy == "auto":
-        if codec == AUTO_CODEC:
-            args["codec"] = list(dict.fromkeys(codecs))
-        else:
-            args["codec"] = list(dict.fromkeys(["none", codec]))
-    else:
-        if codec == AUTO_CODEC:
-            raise ValueError(f"codec {AUTO_CODEC!r} is only for strategy 'auto', not {strategy!r}")
-        args["codec"] = None if codec == "none" else codec
-    return args
 
 
 @dataclass(frozen=True)

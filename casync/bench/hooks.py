@@ -41,7 +41,7 @@ def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
     checked without one)."""
     from primitives.codecs import get_codec
 
-    from .grid import AUTO_CODEC, label_arguments
+    from .labels import AUTO_CODEC, label_arguments
 
     label, codec = parse_hook_variant(name)
     if "@" in label:

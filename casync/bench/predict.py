@@ -17,7 +17,7 @@ from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
 from ..sim.costmodel import ClusterModel, Profile
 from ..sim.simulator import Timeline, simulate
-from .grid import plan_arguments
+from .labels import plan_arguments
 
 
 def predict(plan: SyncPlan, cluster: ClusterModel, profile: Profile | None = None) -> Timeline:
