@@ -6,6 +6,7 @@ symmetric templates (one representative worker, O(N) ops per bucket) for simulat
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -78,10 +79,10 @@ def given_groups(specs: list[TensorSpec], buckets: Sequence[Sequence[str]]) -> l
     by_name = {s.name: s for s in specs}
     if isinstance(buckets, (str, bytes)) or not all(isinstance(b, (list, tuple)) for b in buckets):
         raise TypeError("buckets must be a list of lists of tensor names")
-    seen: list[str] = [n for b in buckets for n in b]
+    seen = Counter(n for b in buckets for n in b)
     unknown = [n for n in seen if n not in by_name]
-    twice = sorted({n for n in seen if seen.count(n) > 1})
-    missing = [s.name for s in specs if s.name not in set(seen)]
+    twice = sorted(n for n, count in seen.items() if count > 1)
+    missing = [s.name for s in specs if s.name not in seen]
     empty = [i for i, b in enumerate(buckets) if not b]
     if unknown or twice or missing or empty:
         problems = [f"{what}: {items[:4]}" for what, items in (("unknown tensors", unknown), ("in two buckets", twice),
