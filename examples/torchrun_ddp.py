@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 4 examples/torchrun_ddp.py --codec onebit
     torchrun --nproc-per-node 4 examples/torchrun_ddp.py --codec topk:ratio=0.01 --strategy allgather
+    torchrun --nnodes 2 --nproc-per-node 4 ... examples/torchrun_ddp.py --strategy auto --codec auto --gbps 10
     torchrun --nproc-per-node 2 examples/torchrun_ddp.py --steps 60 --checkpoint ckpt.pt --save-at 30
     torchrun --nproc-per-node 2 examples/torchrun_ddp.py --steps 60 --checkpoint ckpt.pt --resume   # continues exactly
 
@@ -45,6 +46,10 @@ def checksum(model: torch.nn.Module) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--strategy", default="ring", help="ring | ps | allgather | auto")
+    p.add_argument("--gbps", type=float, default=10.0, help="with --strategy auto: the links between nodes")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="with --strategy auto: the nodes the ranks are spread over (default: WORLD_SIZE / "
+                        "LOCAL_WORLD_SIZE, from torchrun)")
     p.add_argument("--codec", default="onebit", help="none | fp16 | onebit | topk:ratio=0.01 | ...")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch", type=int, default=64)
@@ -64,8 +69,13 @@ def main() -> None:
     torch.set_num_threads(1)
     model = DDP(make_model().to(device), bucket_cap_mb=0.25)  # a few buckets, so sync overlaps backward
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    plan_for = {}
+    if args.strategy == "auto":  # the planner chooses per DDP bucket, for this cluster and DDP's timing
+        nodes = args.nodes or max(1, world // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        plan_for["cluster"] = casync.ClusterModel(nodes=nodes, workers_per_node=-(-world // nodes),
+                                                  bandwidth_gbps=args.gbps)
     state = casync.torch.CasyncState(strategy=args.strategy, codec=args.codec,  # casync
-                                     start_iter=args.start_iter)
+                                     start_iter=args.start_iter, **plan_for)
     start = 0
     if args.resume:
         ckpt = torch.load(args.checkpoint, map_location=device, weights_only=True)
@@ -96,6 +106,8 @@ def main() -> None:
     with torch.no_grad():
         accuracy = (model(x).argmax(1) == y).float().mean().item()
     if rank == 0:
+        if args.strategy == "auto" and state.plan is not None:
+            print(state.plan.summary(), flush=True)  # what the planner chose per bucket, and why
         stats = state.session.stats if state.session else {}
         last = "none" if loss is None else f"{loss.item():.4f}"
         print(f"done: {world} ranks, {args.strategy}/{args.codec}, {max(args.steps - start, 0)} steps in "

@@ -43,6 +43,17 @@ def test_torchrun_example_trains_and_resumes_exactly(tmp_path):
     assert "0 steps in" in done and "last loss none" in done, done
 
 
+def test_torchrun_example_plans_per_ddp_bucket_with_auto():
+    """``--strategy auto --codec auto``: the planner chooses per DDP bucket for the cluster given (2 nodes at
+    1 Gbit here) and DDP's timing; on such links it compresses, and the script prints its choice."""
+    out = _torchrun("--strategy", "auto", "--codec", "auto", "--nodes", "2", "--gbps", "1", "--steps", "30")
+    assert "SyncPlan: 6 tensors in 2 buckets" in out, out  # DDP's two buckets (bucket_cap_mb=0.25)
+    sent, raw = (int(x.replace(",", "")) for x in re.search(r"rank 0: ([\d,]+) of ([\d,]+) raw", out).groups())
+    assert 0 < sent < raw / 10
+    losses = [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)]
+    assert losses[-1] < losses[0], out
+
+
 DRIVER = """
 import glob, json, runpy, sys
 example = runpy.run_path(sys.argv[1], run_name="ray_train_example")  # functions pickled by value for the workers
