@@ -383,8 +383,8 @@ def plot_sim(result: BenchResult, model: str, path: Path) -> str:
 
 
 def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> list[str]:
-    """Measured (RayEngine timeline) and predicted (simulator) Gantt charts of the best and worst cell, and the
-    measured one of the fastest DDP + casync hook row."""
+    """Measured (RayEngine timeline) and predicted (simulator) Gantt charts of the best and worst cell, and both
+    of the fastest DDP + casync hook row (its prediction with the buckets ready when DDP handed them over)."""
     best, worst = result.best_worst(model, workers)
     paths = []
     for which, row in (("best", best), ("worst", worst)):
@@ -410,6 +410,12 @@ def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> lis
                                 title=f"measured ({result.setup.kind}): {model}, {workers} workers, {hook.label}: sync "
                                       f"{hook.sync_s * 1e3:.1f} ms, its last timed iteration (backward: DDP still "
                                       "handing buckets over)"))
+    predicted = result.hook_predictions.get((model, workers, hook.strategy, hook.codec)) if hook else None
+    if predicted is not None:
+        paths.append(predicted.draw(str(out / f"gantt_{_safe(model)}_N{workers}_hook_predicted.png"),
+                                    title=f"predicted: {model}, {workers} workers, {hook.label}: sync "
+                                          f"{predicted.iteration_time * 1e3:.1f} ms from the first hook call, each "
+                                          "bucket ready when DDP handed it over"))
     return paths
 
 

@@ -119,6 +119,8 @@ class BenchResult:
     head_to_head: dict[str, dict[str, Any]] = field(default_factory=dict)  # "model/N" -> interleaved rounds
     plans: dict[tuple, Any] = field(default_factory=dict, repr=False)    # (model, N, strategy, codec) -> plan
     measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
+    #: (model, N, hook row, codec) -> the simulator's timeline of the row's plan, buckets ready as DDP handed them over
+    hook_predictions: dict[tuple, Any] = field(default_factory=dict, repr=False)
     predicted_with: str = "the packaged profile (ideal runtime)"  # what the measured rows' predictions used
     sim_predicted_with: str = "the packaged profile"  # what the simulated grid's predictions used
     profile: Profile | None = field(default=None, repr=False)  # that profile (None: the packaged one)
@@ -235,7 +237,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
         for model, workers in groups if torch_rows else []:
             bar.set_description(f"baselines {model} N={workers}")
             rows += _baseline_rows(setup, model, workers, torch_rows, iters, warmup, seed, say, grid.compute_threads,
-                                   result.measured_timelines, profile)
+                                   result.measured_timelines, profile, result.hook_predictions)
             bar.update(1)
 
         # 2. casync cells on RayEngine
@@ -282,11 +284,13 @@ BASELINE_PAYLOAD = {"ddp-fp16": "fp16", "ddp-powersgd-r1": "powersgd r1", "ddp-p
 
 def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...], iters: int, warmup: int,
                    seed: int, say: Callable[[str], None], compute_threads: int = 1,
-                   timelines: dict[tuple, list] | None = None, profile: Profile | None = None) -> list[Row]:
+                   timelines: dict[tuple, list] | None = None, profile: Profile | None = None,
+                   predictions: dict[tuple, Any] | None = None) -> list[Row]:
     """One row per baseline of a (model, workers) group; on failure, rows carrying the error.
     ``compute_threads``: ops each rank of a DDP + casync hook row runs at once.  ``timelines``: where each hook
     row's timeline of its last timed iteration goes, keyed like the casync cells'.  A hook row is predicted with
-    ``profile`` on the setup's cluster model, its buckets ready when DDP handed them over."""
+    ``profile`` on the setup's cluster model, its buckets ready when DDP handed them over (the simulated timeline
+    goes to ``predictions``, under the same key)."""
     try:
         cluster = setup.cluster_model(workers, compute_lanes=compute_threads)
         raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed,
@@ -299,6 +303,7 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
     for name in names:
         e = raw[name]
         hook = is_hook(name)
+        predicted = _hook_prediction(e, cluster, profile, say) if hook else None
         rows.append(Row(model=model, workers=workers, system="hook" if hook else "baseline", strategy=name,
                         codec=parse_hook_variant(name)[1] if hook else BASELINE_PAYLOAD.get(name, "none"),
                         sync_s=e["sync_median_s"], sync_all_s=e["sync_s"],
@@ -306,22 +311,24 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
                         dense_wire_bytes=e["dense_wire_bytes"],
                         compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
                         consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes"),
-                        plan=e.get("plan"), predicted_s=_hook_prediction(e, cluster, profile, say) if hook else None))
+                        plan=e.get("plan"), predicted_s=predicted.iteration_time if predicted else None))
         if hook and timelines is not None and e.get("timeline"):
             timelines[(model, workers, name, rows[-1].codec)] = e["timeline"]
+        if predicted is not None and predictions is not None:
+            predictions[(model, workers, name, rows[-1].codec)] = predicted
     return rows
 
 
 def _hook_prediction(entry: dict[str, Any], cluster: Any, profile: Profile | None,
-                     say: Callable[[str], None]) -> float | None:
-    """The simulator's span of a hook row's plan from the first hook call, each bucket ready when the last rank
-    handed it over in the row's last timed iteration (None where the row did not say, or the simulation failed:
-    said, and the measured row kept)."""
+                     say: Callable[[str], None]) -> Any:
+    """The simulator's timeline of a hook row's plan from the first hook call (its ``iteration_time`` is the
+    predicted span), each bucket ready when the last rank handed it over in the row's last timed iteration (None
+    where the row did not say, or the simulation failed: said, and the measured row kept)."""
     if not entry.get("sim_plan") or entry.get("ready_s") is None:
         return None
     try:
         plan = SyncPlan.from_dict(entry["sim_plan"], source="the hook row's plan")
-        return simulate(plan, cluster, profile, ready_times=entry["ready_s"]).iteration_time
+        return simulate(plan, cluster, profile, ready_times=entry["ready_s"])
     except Exception as exc:
         say(f"predicting a hook row failed: {_short(exc)}")
         return None

@@ -65,7 +65,8 @@ def test_bench_exits_zero_and_writes_every_artifact(bench_run):
     assert "no-communication floor ms" in report and "DDP, hook without communication (floor)" in report
     for name in ("bench_bars_tiny.png", "bench_sim_tiny.png", "gantt_tiny_N2_best_measured.png",
                  "gantt_tiny_N2_best_predicted.png", "gantt_tiny_N2_worst_measured.png",
-                 "gantt_tiny_N2_worst_predicted.png"):
+                 "gantt_tiny_N2_worst_predicted.png", "gantt_tiny_N2_hook_measured.png",
+                 "gantt_tiny_N2_hook_predicted.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
@@ -258,10 +259,10 @@ def test_a_hook_row_is_predicted_from_when_ddp_handed_its_buckets_over():
     cluster = local_setup().cluster_model(2)
     ready = {b.name: 0.001 * i for i, b in enumerate(plan.buckets)}
     entry = {"sim_plan": plan.to_dict(), "ready_s": ready}
-    got = _hook_prediction(entry, cluster, None, print)
+    got = _hook_prediction(entry, cluster, None, print).iteration_time
     assert got == pytest.approx(simulate(plan, cluster, ready_times=ready).iteration_time)
     late = dict(ready, **{plan.buckets[-1].name: 0.5})
-    assert _hook_prediction(dict(entry, ready_s=late), cluster, None, print) > 0.5 > got
+    assert _hook_prediction(dict(entry, ready_s=late), cluster, None, print).iteration_time > 0.5 > got
     assert _hook_prediction({"sim_plan": None, "ready_s": None}, cluster, None, print) is None
     said = []
     assert _hook_prediction(dict(entry, ready_s={"no such bucket": 0.1}), cluster, None, said.append) is None
