@@ -173,10 +173,15 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
     return serial
 
 
+def _last_start(gathered: list[dict[str, Any]]) -> float:
+    """The earliest rank's first hook call of the last timed iteration: where that iteration's sync span starts."""
+    return min(g["starts"][-1] for g in gathered)
+
+
 def _hook_timeline(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every rank's rows of the last timed iteration (``CasyncState.timeline``), its times from the earliest
     rank's first hook call of that iteration (where the row's sync span starts), sorted by start."""
-    t0 = min(g["starts"][-1] for g in gathered)
+    t0 = _last_start(gathered)
     rows = [dict(r, start=r["start"] - t0, end=r["end"] - t0) for g in gathered for r in g["timeline"]]
     return sorted(rows, key=lambda r: r["start"])
 
@@ -319,7 +324,7 @@ def _rank_main(args: argparse.Namespace) -> None:
                 if state.options.planned:  # what the planner chose per DDP bucket
                     entry["plan"] = plan_choices(state.plan)
                 # for the prediction: the plan, and each bucket ready when the last rank handed it over
-                t0 = min(g["starts"][-1] for g in gathered)
+                t0 = _last_start(gathered)
                 entry["sim_plan"] = state.plan.to_dict()
                 entry["ready_s"] = {b: max(g["handed"][b] for g in gathered) - t0 for b in gathered[0]["handed"]}
             if args.check and variant != NO_COMMUNICATION:

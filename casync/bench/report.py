@@ -404,13 +404,14 @@ def plot_gantts(result: BenchResult, model: str, workers: int, out: Path) -> lis
                                        title=f"predicted: {model}, {workers} workers, {row.label}: sync "
                                              f"{timeline.sync_time() * 1e3:.1f} ms ({which} casync configuration)"))
     hook = result.fastest_hook(model, workers)
-    records = result.measured_timelines.get((model, workers, hook.strategy, hook.codec)) if hook else None
+    key = (model, workers, hook.strategy, hook.codec) if hook else None
+    records = result.measured_timelines.get(key) if hook else None
     if records:
         paths.append(draw_gantt(records, str(out / f"gantt_{_safe(model)}_N{workers}_hook_measured.png"),
                                 title=f"measured ({result.setup.kind}): {model}, {workers} workers, {hook.label}: sync "
                                       f"{hook.sync_s * 1e3:.1f} ms, its last timed iteration (backward: DDP still "
                                       "handing buckets over)"))
-    predicted = result.hook_predictions.get((model, workers, hook.strategy, hook.codec)) if hook else None
+    predicted = result.hook_predictions.get(key) if hook else None
     if predicted is not None:
         paths.append(predicted.draw(str(out / f"gantt_{_safe(model)}_N{workers}_hook_predicted.png"),
                                     title=f"predicted: {model}, {workers} workers, {hook.label}: sync "
