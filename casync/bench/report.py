@@ -149,6 +149,23 @@ def hook_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
     return headers, body
 
 
+def op_time_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
+    """Per casync and hook row whose timeline says: where one rank's ops' wall time went in the measured
+    iteration (:func:`~casync.engines.timeline.op_time_split`), so a rank short of cores shows apart from one
+    short of the GIL."""
+    headers = ["model", "N", "configuration", "ops per rank", "ops' wall ms", "own CPU ms", "waiting for a core ms",
+               "blocked (GIL) ms", "blocked share"]
+    body = []
+    for r in result.rows:
+        split = r.op_split if r.ok else None
+        if split is None:
+            continue
+        body.append([r.model, r.workers, r.label if r.system == "hook" else f"casync {r.label}", round(split["ops"]),
+                     _ms(split["wall"]), _ms(split["cpu"]), _ms(split["queued"]), _ms(split["blocked"]),
+                     f"{split['blocked'] / split['wall']:.0%}" if split["wall"] else ""])
+    return headers, body
+
+
 def head_to_head_table(result: BenchResult) -> tuple[list[str], list[list[Any]]]:
     """Per group and round: the reference baselines' and the fastest casync configuration's sync times."""
     headers, body = [], []
@@ -259,6 +276,14 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
         headers, body = group_table(result, model, workers)
         L += [markdown_table(headers, body), "", "`*` the fastest casync configuration. auto rows: the codec "
               "candidates → what the planner chose per bucket.", ""]
+    headers, body = op_time_table(result)
+    if body:
+        L += ["## Where each rank's op time went", "",
+              "One rank's encodes, decodes, merges and sends in the measured iteration (casync rows: the median one; "
+              "hook rows: the last timed one), summed and averaged over the ranks: their wall time is the ops' own "
+              "CPU, plus waiting runnable for a core (Linux schedstat), plus blocked, which in ops that take no "
+              "lock is waiting for the GIL (the rank's other compute threads, its receive and send lanes, and in "
+              "hook rows the training script's own threads hold it).", "", markdown_table(headers, body), ""]
     tables = sim_tables(result)
     if tables:
         L += ["## Simulated grid", "",

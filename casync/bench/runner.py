@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from ..datasets.gradients import exact_mean
 from ..engines.executor import WARMUP_SYNCS
+from ..engines.timeline import op_time_split
 from ..plan.syncplan import SyncPlan
 from ..sim.costmodel import Profile
 from ..sim.simulator import simulate
@@ -55,6 +56,7 @@ class Row:
     rel_error: float | None = None     # ||result - exact mean|| / ||exact mean||, first iteration
     tasks: int | None = None           # Ray calls per iteration (casync)
     plan: list[dict[str, Any]] | None = None  # per bucket choices (auto rows)
+    op_split: dict[str, float] | None = None  # where a rank's op time went (casync and hook rows; op_time_split)
     error: str | None = None
 
     @property
@@ -311,7 +313,8 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
                         dense_wire_bytes=e["dense_wire_bytes"],
                         compression=e["dense_wire_bytes"] / e["wire_bytes"] if e["wire_bytes"] else 1.0,
                         consistent=e["consistent"], rel_error=e.get("rel_error"), link_bytes=e.get("link_bytes"),
-                        plan=e.get("plan"), predicted_s=predicted.iteration_time if predicted else None))
+                        plan=e.get("plan"), predicted_s=predicted.iteration_time if predicted else None,
+                        op_split=op_time_split(e["timeline"]) if hook and e.get("timeline") else None))
         if hook and timelines is not None and e.get("timeline"):
             timelines[(model, workers, name, rows[-1].codec)] = e["timeline"]
         if predicted is not None and predictions is not None:
@@ -380,6 +383,7 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
                 row.link_bytes = run.link_bytes
                 result.plans[(model, workers, strategy, codec)] = plan
                 result.measured_timelines[(model, workers, strategy, codec)] = run.timeline
+                row.op_split = op_time_split(run.timeline)
             except Exception as exc:
                 row.error = _short(exc)
                 say(f"casync {model} N={workers} {strategy}/{codec} failed: {row.error}")

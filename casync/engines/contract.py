@@ -25,7 +25,7 @@ class Engine(Protocol):
       :class:`~casync.errors.SyncError` subclasses for faults within the engine's timeout;
     * ``run_flat(flats)``: the same on per-worker flat bucket buffers;
     * ``state_dict()`` / ``load_state_dict(state)``: error-feedback residuals and the step, exactly resumable;
-    * ``timeline(step=None)``: per-op records (op, actor, bucket, part, start, end, nbytes, node, step, cpu);
+    * ``timeline(step=None)``: per-op records (op, actor, bucket, part, start, end, nbytes, node, step, cpu, queued);
     * ``close()``, and use as a context manager.
     """
 
@@ -76,9 +76,11 @@ class EngineBase:
         return SyncOutput(unflatten_results(self.plan, results, torch_flags), results.skipped, results.nonfinite)
 
     def timeline(self, step: int | None = None, relative: bool = True) -> list[dict[str, Any]]:
-        """Per-op records of recent steps (op, actor, bucket, part, start, end, nbytes, node, step, cpu), times in
-        seconds since the first record of the selection (``relative=False``: since the epoch); ``cpu`` is the
-        CPU seconds the executing thread spent in the op (less than ``end - start`` when it waited for a core)."""
+        """Per-op records of recent steps (op, actor, bucket, part, start, end, nbytes, node, step, cpu, queued),
+        times in seconds since the first record of the selection (``relative=False``: since the epoch); ``cpu`` is
+        the CPU seconds the executing thread spent in the op (less than ``end - start`` when it waited for a core
+        or the GIL), ``queued`` the seconds it waited runnable for a core (None where the system does not say);
+        :func:`~casync.engines.timeline.op_time_split` sums them."""
         return self._timeline.rows(step, relative)
 
     def clear_timeline(self) -> None:

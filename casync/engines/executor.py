@@ -50,6 +50,7 @@ from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
 from .lanes import Lane, stop_lanes
 from .nonfinite import GradientScan, NonFiniteReport, PartitionScans, certifiers
+from .threadclock import run_queue_wait
 
 HEADER_TAG = 1
 
@@ -313,7 +314,7 @@ class RankExecutor:
                 _, index = heapq.heappop(self._ready)
             op = ops[index]
             kind = op.attrs["op"]
-            t0, cpu0 = time.time(), time.thread_time()
+            t0, cpu0, queued0 = time.time(), time.thread_time(), run_queue_wait()
             try:
                 if kind == "send":
                     self._send(op)
@@ -323,8 +324,10 @@ class RankExecutor:
             except Exception as exc:  # the same error whichever compute thread ran the op, naming the op
                 raise SyncError(f"{self.actor}, step {self._step}: {kind} of bucket {op.attrs['bucket']!r}, partition "
                                 f"{op.attrs['part']} ({op.node}) failed: {type(exc).__name__}: {exc}") from exc
+            queued1 = run_queue_wait()
+            queued = None if queued0 is None or queued1 is None else queued1 - queued0  # waiting for a core
             self._records.append((kind, op.attrs["bucket"], op.attrs["part"], t0, time.time(), op.attrs["nbytes"],
-                                  op.node, time.thread_time() - cpu0))
+                                  op.node, time.thread_time() - cpu0, queued))
             with self._cond:
                 self._finished(index, result)
 

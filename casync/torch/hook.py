@@ -363,7 +363,7 @@ class HookSession:
         rows = op_rows(ctx.step, {actor: records})
         if ctx.provided:
             rows.append(dict(op="backward", actor=actor, bucket="", part=-1, start=ctx.started,
-                             end=max(ctx.provided.values()), nbytes=0, node="", step=ctx.step, cpu=None))
+                             end=max(ctx.provided.values()), nbytes=0, node="", step=ctx.step, cpu=None, queued=None))
         return rows
 
     def _result(self, entry: _Entry, outcome: StepOutcome) -> torch.Tensor:

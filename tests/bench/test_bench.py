@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -151,6 +152,26 @@ def test_the_fastest_hook_rows_timeline_holds_every_ranks_ops_beside_ddps_backwa
     assert len(backward) == 2 and min(r["start"] for r in backward) == pytest.approx(0.0, abs=0.05)
     assert max(r["end"] for r in ops) <= max(hook["sync_all_s"]) + 0.05  # within the span the row measured
     assert (out / "gantt_tiny_N2_hook_measured.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the run-queue wait is Linux's schedstat")
+def test_casync_and_hook_rows_say_where_their_op_time_went(bench_run):
+    """Every casync and hook row splits one rank's op wall time into CPU, waiting for a core and blocked (the GIL);
+    baselines have no ops of casync's to split.  The markdown lists the split per row."""
+    _, out, data = bench_run
+    for r in data["rows"]:
+        split = r["op_split"]
+        if r["system"] == "baseline":
+            assert split is None
+            continue
+        assert split["ops"] > 0 and split["wall"] > 0, r["label"]
+        assert min(split["cpu"], split["queued"], split["blocked"]) >= 0
+        assert split["cpu"] + split["queued"] + split["blocked"] == pytest.approx(split["wall"], rel=0.02, abs=1e-4)
+    text = (out / "bench.md").read_text()
+    section = text.split("## Where each rank's op time went", 1)[1].split("\n## ", 1)[0]
+    assert "| tiny | 2 | DDP + casync hook ps-twoway / onebit |" in section
+    assert sum(line.startswith("| tiny | 2 | casync ") for line in section.splitlines()) == \
+        sum(r["system"] == "casync" for r in data["rows"])
 
 
 def test_json_has_every_simulated_row(bench_run):
