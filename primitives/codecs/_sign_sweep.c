@@ -24,6 +24,9 @@
 #include <stdint.h>
 
 #define MAX_TERMS 64 /* a merge of more terms (a server of more than 64 workers) runs NumPy's sweep */
+/* Blocks of fewer floats (a few microseconds of work) run holding the GIL: letting it go lets a rank's other
+ * threads take it, and taking it back then waits for them, which in small ops costs more than the work. */
+#define GIL_FREE_MIN 16384
 
 typedef struct {
     int terms;                         /* 1..MAX_TERMS, in the merge's order */
@@ -113,6 +116,19 @@ __attribute__((target("avx2"))) static void sweep_avx2(const Sweep *a) {
 }
 #endif
 
+#ifdef HAVE_AVX2_PATH
+/* fn(a), with the GIL released where the block is long enough to be worth it (GIL_FREE_MIN). */
+static void run(void (*fn)(const Sweep *), const Sweep *a) {
+    if (a->n < GIL_FREE_MIN) {
+        fn(a);
+        return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    fn(a);
+    Py_END_ALLOW_THREADS
+}
+#endif
+
 static int has_avx2(void) {
 #ifdef HAVE_AVX2_PATH
     return __builtin_cpu_supports("avx2");
@@ -191,9 +207,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         a.bits = view[3].buf;
         a.lanes = view[4].buf;
         a.magnitudes = straddle ? view[5].buf : NULL;
-        Py_BEGIN_ALLOW_THREADS
-        sweep_avx2(&a);
-        Py_END_ALLOW_THREADS
+        run(sweep_avx2, &a);
     }
 #endif
     release(term, held);
@@ -222,9 +236,7 @@ static PyObject *merge(PyObject *self, PyObject *args) {
     if (ok) {
         a.divisor = divisor;
         a.out = out.buf;
-        Py_BEGIN_ALLOW_THREADS
-        merge_avx2(&a);
-        Py_END_ALLOW_THREADS
+        run(merge_avx2, &a);
     }
 #endif
     release(term, held);
@@ -245,7 +257,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_sign_sweep", "onebi
 
 PyMODINIT_FUNC PyInit__sign_sweep(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "MAX_TERMS", MAX_TERMS) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "MAX_TERMS", MAX_TERMS) < 0 ||
+                      PyModule_AddIntConstant(m, "GIL_FREE_MIN", GIL_FREE_MIN) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

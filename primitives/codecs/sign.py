@@ -52,7 +52,14 @@ class OneBitCodec(Codec):
         stop = n if stop is None else stop
         bits = field(payload, "bits", np.uint8, ((n + 7) // 8,), self.name)
         s = field(payload, "scale", np.float32, (1,), self.name)[0]
-        return expand_packed(_table(s), bits[start >> 3 : (stop + 7) >> 3], stop - start, out=out)
+        packed, m = bits[start >> 3 : (stop + 7) >> 3], stop - start
+        out = np.empty(m, np.float32) if out is None else out
+        cut = sign_kernel.decode_small(packed, s, m, out)  # a small block: no table, no letting the GIL go
+        if cut == 0:
+            return expand_packed(_table(s), packed, m, out=out)
+        if cut < m:  # the last byte's first m - cut elements, as the table has them
+            out[cut:m] = np.where(_BITS[packed[cut >> 3], : m - cut], -s, s)
+        return out
 
     def encode_keep_error(self, x: np.ndarray, seed: int = 0) -> Payload:
         payload = self._sweep(as_input(x))

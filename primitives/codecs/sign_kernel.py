@@ -4,12 +4,14 @@ where it was built and the CPU has AVX2, bit for bit the NumPy code of :mod:`pri
 
 The NumPy sweep makes about nine passes over each cache-sized block (decode the incoming payload, add it, decode
 the deferred residual's payload, subtract, add, compare, pack, abs, lane sums); the kernel makes one, with the same
-float32 operations in the same order, and releases the GIL while it runs.  It takes the inputs onebit's encodes
+float32 operations in the same order, and releases the GIL while it runs a block of :data:`GIL_FREE_MIN` floats
+or more (a smaller one keeps it: where a rank's other threads wait for the GIL, taking it back after a few
+microseconds of work can cost more than the work).  It takes the inputs onebit's encodes
 get: an array, or a pending merge of at most one array and onebit payloads (a ring hop's, a parameter server's);
 no residual, an array residual or a deferred onebit one.  Anything else (sparse or other codecs' inputs, two
 arrays, a non-finite scale, a block of fewer than 128 floats, no kernel) runs the NumPy sweep, which stays the
-reference.  A merge of payloads alone (an all-gather's) takes the same terms (``Codec.fused_merge``).
-``CASYNC_SIGN_KERNEL=0`` turns the kernel off.
+reference.  A merge of payloads alone (an all-gather's) takes the same terms (``Codec.fused_merge``), and a small
+decode is a merge of one payload (:func:`decode_small`).  ``CASYNC_SIGN_KERNEL=0`` turns the kernel off.
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ try:  # built by setup.py where a C compiler is there (optional)
 except ImportError:  # pragma: no cover - depends on the build
     _cpu_runs_kernel = _kernel_merge = _kernel_sweep = None
     MAX_TERMS = 0  # terms the kernel adds at most (a server's merge of more workers' payloads runs NumPy's)
+try:  # blocks of fewer floats run in the kernel holding the GIL
+    from ._sign_sweep import GIL_FREE_MIN
+except ImportError:  # pragma: no cover - no kernel, or one built before it kept the GIL
+    GIL_FREE_MIN = 0
 
 _EMPTY_F = np.empty(0, np.float32)
 _EMPTY_B = np.empty(0, np.uint8)
@@ -118,6 +124,18 @@ class FusedMerge:
         _kernel_merge(_block_of(self.terms, self.array_at, start, cut), self.array_at, self.scales, self.divisor,
                       out[start:cut])
         return cut
+
+
+def decode_small(packed: np.ndarray, scale: float, m: int, out: np.ndarray) -> int:
+    """Decode the first ``m & ~7`` of ``m`` elements of ``packed`` (onebit's bits) into ``out``, as a merge of one
+    payload, where ``m`` is under :data:`GIL_FREE_MIN` (the kernel then keeps the GIL; no lookup table to build),
+    the kernel runs, ``scale`` is finite and ``out`` a contiguous float32 array; returns how many it wrote (0:
+    none, the caller decodes them).  Larger decodes go through NumPy's table, which is as fast there."""
+    cut = m & ~7
+    if not (0 < cut and m < GIL_FREE_MIN and available() and np.isfinite(scale) and _dense(out)):
+        return 0
+    _kernel_merge((packed[: cut >> 3],), -1, (float(scale),), 1.0, out[:cut])
+    return cut
 
 
 def bind_merge(inputs: Any, divisor: int, onebit: type) -> FusedMerge | None:
