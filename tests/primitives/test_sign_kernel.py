@@ -185,3 +185,27 @@ def test_strided_outputs_are_left_to_numpy(monkeypatch):
     got = run_merge(_x("payloads only / 4", d, n).inputs, 4, out=strided)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     assert sign_kernel.bind(d["own"], d["residual"], strided, OneBitCodec) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 1000, sign_kernel.GIL_FREE_MIN - 3, sign_kernel.GIL_FREE_MIN + 8])
+def test_small_decodes_in_the_kernel_equal_the_tables(monkeypatch, n):
+    """A decode under GIL_FREE_MIN elements runs in the kernel (no lookup table to build), whole or a block of it,
+    with the same floats as the table's, signed zeros and a zero scale included; a larger one, and a strided
+    output, through the table (the block of the largest size is small enough for the kernel)."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    payloads = [CODEC.encode(x), CODEC.encode(np.zeros(n, np.float32)), CODEC.encode(-np.zeros(n, np.float32))]
+    start = 8 * (n // 16)  # a block from a byte boundary to the end
+    calls = []
+    real = sign_kernel._kernel_merge
+    monkeypatch.setattr(sign_kernel, "_kernel_merge", lambda *a: calls.append(len(a[4])) or real(*a))
+    for payload in payloads:
+        got = []
+        for kernel in ("0", "1"):
+            monkeypatch.setenv("CASYNC_SIGN_KERNEL", kernel)
+            got.append((CODEC.decode(payload, n), CODEC.decode_block(payload, n, start, n, np.empty(n - start, np.float32)),
+                        CODEC.decode_into(payload, n, np.empty(2 * n, np.float32)[::2])))
+        for a, b in zip(*got):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert calls == [m & ~7 for m in (n, n - start) if 8 <= m < sign_kernel.GIL_FREE_MIN] * len(payloads)
