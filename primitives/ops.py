@@ -123,10 +123,10 @@ def run_node(attrs: Mapping[str, Any], inputs: Sequence[Any], local: np.ndarray 
     op = attrs["op"]
     if op == "encode":
         x = local if attrs["local_input"] else inputs[0]
-        seed = encode_seed(plan_seed, step, attrs["seed_key"])
+        codec = codecs[attrs["codec"]]
+        seed = 0 if codec.ignores_seed else encode_seed(plan_seed, step, attrs["seed_key"])
         check = flagged is not None and (attrs["bucket"], attrs["part"]) in flagged
-        return run_encode(codecs[attrs["codec"]], x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None,
-                          check, spares)
+        return run_encode(codec, x, seed, residuals, attrs["ef_key"] if attrs["ef"] else None, check, spares)
     if op == "decode":  # no consumer mutates a decoded value
         payload = inputs[0]
         if carries_nonfinite(payload):

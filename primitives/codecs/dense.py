@@ -18,6 +18,7 @@ class NoneCodec(Codec):
     name = "none"
     lossless = True
     ef_sound = True
+    ignores_seed = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return {"values": as_input(x)}
@@ -49,6 +50,7 @@ class FP16Codec(Codec):
     name = "fp16"
     ef_sound = True
     decodes_in_blocks = True
+    ignores_seed = True
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
         return {"values": cast(x, np.empty(x.size, np.float16))}

@@ -33,6 +33,7 @@ class OneBitCodec(Codec):
     decodes_in_blocks = True
     defers_residual = True
     certifies_finite = True
+    ignores_seed = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return self._sweep(as_input(x))

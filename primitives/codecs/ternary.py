@@ -154,6 +154,7 @@ class TBQCodec(Codec):
     """
 
     name = "tbq"
+    ignores_seed = True
     ef_sound = True
     decodes_in_blocks = True
 

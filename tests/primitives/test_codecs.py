@@ -220,6 +220,41 @@ def test_different_seeds(codec):
 
 
 @codec_param
+def test_a_codec_that_ignores_the_seed_encodes_alike_for_every_seed(codec):
+    """``ignores_seed`` lets the engines pass 0 instead of deriving a seed per encode: sound only where no encode
+    path draws from it (plain, keeping the error, with error feedback)."""
+    if not codec.ignores_seed:
+        assert codec.name in RANDOMIZED or codec.name == "topk"  # the seed steers top-k's sampling
+        return
+    assert codec.name not in RANDOMIZED
+    x, residual = gaussian(70_001, seed=3), gaussian(70_001, seed=4) * 0.1
+    for seed in (1, 2**63 + 5):
+        assert payload_bytes(codec.encode(x, seed)) == payload_bytes(codec.encode(x, 0))
+        kept, kept0 = x.copy(), x.copy()
+        assert payload_bytes(codec.encode_keep_error(kept, seed)) == payload_bytes(codec.encode_keep_error(kept0, 0))
+        np.testing.assert_array_equal(kept.view(np.uint32), kept0.view(np.uint32))
+        (p, r), (p0, r0) = codec.encode_feedback(x, residual, seed), codec.encode_feedback(x, residual, 0)
+        assert payload_bytes(p) == payload_bytes(p0)
+        np.testing.assert_array_equal(np.asarray(r).view(np.uint32), np.asarray(r0).view(np.uint32))
+
+
+def test_a_subclass_encoding_its_own_way_does_not_inherit_ignores_seed():
+    onebit = type(get_codec("onebit"))
+    assert onebit.ignores_seed
+
+    class Dithered(onebit):
+        name = "dithered-onebit"
+
+        def encode(self, x, seed=0):
+            return super().encode(x + np.random.default_rng(seed).standard_normal(x.size, np.float32) * 1e-3)
+
+    class Renamed(onebit):
+        name = "renamed-onebit"
+
+    assert not Dithered.ignores_seed and Renamed.ignores_seed
+
+
+@codec_param
 def test_concurrent_threads_match_sequential(codec):
     xs = [gaussian(150_000 + i, seed=i) for i in range(4)]
     expected = [payload_bytes(codec.encode(x, seed=i)) for i, x in enumerate(xs)]
