@@ -29,36 +29,42 @@ class Layout:
     fields: tuple[tuple[str, str, tuple[int, ...], int], ...]  # (key, dtype, shape, offset)
     nbytes: int
 
+    def __post_init__(self) -> None:
+        # (key, dtype, shape, offset, count) with the dtype made and the count computed once: packing and unpacking
+        # run for every payload a rank sends and receives
+        spans = tuple((key, np.dtype(dtype), shape, offset, int(np.prod(shape, dtype=np.int64)))
+                      for key, dtype, shape, offset in self.fields)
+        object.__setattr__(self, "_spans", spans)
+
     def pack(self, payload: Payload, out: np.ndarray | None = None) -> np.ndarray:
         """The payload's bytes as one uint8 buffer: the array itself when there is only one (no copy)."""
-        arrays = {k: v for k, v in payload.items() if k not in (NF_INDEX, NF_VALUE)}
-        self.check(arrays)
-        if len(self.fields) == 1 and out is None:
-            (key, _, _, _), = self.fields
-            return np.ascontiguousarray(arrays[key]).reshape(-1).view(np.uint8)
+        self.check(payload)
+        spans = self._spans
+        if len(spans) == 1 and out is None:
+            return np.ascontiguousarray(payload[spans[0][0]]).reshape(-1).view(np.uint8)
         buf = np.empty(self.nbytes, np.uint8) if out is None else out
-        for key, dtype, shape, offset in self.fields:
-            size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            buf[offset:offset + size] = np.ascontiguousarray(arrays[key]).reshape(-1).view(np.uint8)
+        for key, dtype, _, offset, count in spans:
+            buf[offset:offset + count * dtype.itemsize] = np.ascontiguousarray(payload[key]).reshape(-1).view(np.uint8)
         return buf
 
     def unpack(self, buf: np.ndarray) -> Payload:
         """Views of the payload's arrays in ``buf`` (no copy)."""
         if buf.dtype != np.uint8 or buf.shape != (self.nbytes,):
             raise ValueError(f"a wire buffer of {self.nbytes} bytes was expected, got {buf.dtype} {buf.shape}")
-        out = {}
-        for key, dtype, shape, offset in self.fields:
-            count = int(np.prod(shape, dtype=np.int64))
-            out[key] = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
-        return out
+        return {key: np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+                for key, dtype, shape, offset, count in self._spans}
 
-    def check(self, arrays: Payload) -> None:
-        """A payload that does not fit the layout is a codec bug: name what differs."""
-        got = {k: (v.dtype.str, v.shape) for k, v in arrays.items()}
-        want = {k: (d, s) for k, d, s, _ in self.fields}
-        if got != want:
-            raise ValueError(f"payload arrays {got} do not match the codec's layout {want}: a codec's payload must "
-                             "have the same arrays, dtypes and shapes for every input of one length")
+    def check(self, payload: Payload) -> None:
+        """A payload (NaN/Inf side channel aside) that does not fit the layout is a codec bug: name what differs."""
+        spans = self._spans
+        extra = len(payload) - len(spans) - (NF_INDEX in payload) - (NF_VALUE in payload)
+        for key, dtype, shape, _, _ in spans:
+            array = payload.get(key)
+            if extra or array is None or array.dtype != dtype or array.shape != shape:
+                got = {k: (v.dtype.str, v.shape) for k, v in payload.items() if k not in (NF_INDEX, NF_VALUE)}
+                want = {k: (d, s) for k, d, s, _ in self.fields}
+                raise ValueError(f"payload arrays {got} do not match the codec's layout {want}: a codec's payload "
+                                 "must have the same arrays, dtypes and shapes for every input of one length")
 
 
 @lru_cache(maxsize=1024)
