@@ -17,6 +17,7 @@ import numpy as np
 
 from strategies import BUILT_IN, get_strategy, register_strategy
 
+from ..engines.collector import freeze_setup_heap
 from ..engines.contract import EngineBase, fresh_results
 from ..engines.inputs import check_flats
 from ..engines.nonfinite import SyncOutput, layouts, scan_worker, void_step, voids_step
@@ -44,6 +45,7 @@ def _rank_main(conn: Any, rank: int, actors: list[str], port: int, plan_data: di
         init_group(rank, len(actors), "127.0.0.1", port, timeout_s=timeout_s)
         plan = SyncPlan.from_dict(plan_data, source="the driver's plan")
         runner = PlanRunner(plan, CasyncGroup(None, timeout_s, transport), actors)
+        freeze_setup_heap()  # set up: a full collection inside a step would traverse all of it
         conn.send(("ready", os.getpid()))
         while True:
             request = conn.recv()
