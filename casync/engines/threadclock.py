@@ -22,7 +22,7 @@ def _gil_holding_pread():
     """libc's ``pread``, called without releasing the GIL; None where there is none to call."""
     try:
         pread = ctypes.PyDLL(None).pread
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library to load by name (not a POSIX system)
         return None
     pread.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
     pread.restype = ctypes.c_ssize_t

@@ -87,7 +87,7 @@ class Codec(ABC):
     #: :meth:`input_was_finite` tells from a payload that the tensor it encodes held no NaN or Inf
     certifies_finite: ClassVar[bool] = False
     #: its payloads do not depend on the seed, so the engines pass 0 rather than derive one per encode (a
-    #: ``SeedSequence``, about 6 µs: a sixth of the executor's own time per op)
+    #: ``SeedSequence``, about 6 µs)
     ignores_seed: ClassVar[bool] = False
 
     @abstractmethod

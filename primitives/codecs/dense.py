@@ -51,6 +51,7 @@ class FP16Codec(Codec):
     ef_sound = True
     decodes_in_blocks = True
     ignores_seed = True
+
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
         return {"values": cast(x, np.empty(x.size, np.float16))}

@@ -154,9 +154,9 @@ class TBQCodec(Codec):
     """
 
     name = "tbq"
-    ignores_seed = True
     ef_sound = True
     decodes_in_blocks = True
+    ignores_seed = True
 
     def __init__(self, threshold: float = 0.5) -> None:
         self.threshold = real_param(self.name, "threshold", threshold, "a finite float > 0", lambda v: v > 0)
