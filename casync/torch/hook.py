@@ -102,6 +102,9 @@ class _Step:
     remaining: dict[str, int] = field(default_factory=dict)
     background: Background | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    begun: bool = False  # the runner's step is open (its receives posted): buckets go to it at once
+    pending: list[tuple[str, np.ndarray, bool]] = field(default_factory=list)  # buckets in before that: (bucket,
+    # flat, results_here), handed over by the background thread once it has opened the step
 
 
 class HookSession:
@@ -275,8 +278,7 @@ class HookSession:
                 entry.here = flat
             else:
                 entry.lend = _in_place(buffer) and not _all_in(buffer, [p.grad for p in bucket.parameters()])
-            runner.provide(exact, flat, results_here=entry.here is not None)
-            ctx.provided[exact] = time.time()
+            self._provide(ctx, exact, flat, entry.here is not None)
         else:
             for name, offset in zip(names, offsets):
                 target, start, numel = self.where[name]
@@ -286,8 +288,7 @@ class HookSession:
                 ctx.flats[target][start:start + numel] = flat[offset:offset + numel]
                 ctx.remaining[target] -= 1
                 if ctx.remaining[target] == 0:
-                    runner.provide(target, ctx.flats[target])
-                    ctx.provided[target] = time.time()
+                    self._provide(ctx, target, ctx.flats[target], False)
         if self.unseen is not None:
             self.unseen.difference_update(names)
         if bucket.is_last():
@@ -301,6 +302,16 @@ class HookSession:
             except BaseException as exc:
                 raise state.fail(as_sync_error(exc, f"step {ctx.step}")) from exc
         return entry.future
+
+    def _provide(self, ctx: _Step, bucket: str, flat: np.ndarray, results_here: bool) -> None:
+        """Hand a plan bucket's gradient to the runner, or, before the background thread has opened the step, to
+        that thread (it hands it over then)."""
+        ctx.provided[bucket] = time.time()
+        with ctx.lock:
+            if not ctx.begun:
+                ctx.pending.append((bucket, flat, results_here))
+                return
+        self.state.runner.provide(bucket, flat, results_here=results_here)
 
     def _member_offsets(self, bucket: str) -> list[int]:
         return [m.offset for m in self.state.plan.bucket(bucket).members]
@@ -325,14 +336,21 @@ class HookSession:
             params = dict(self.module.named_parameters())
             state.check_params(step, [params[t.name] for t in state.plan.tensors])
         ctx = _Step(step, started=time.time())
-        state.runner.begin(step)
-        ctx.background = Background(lambda: self._run(ctx), f"casync-step-{step}")
+        ctx.background = Background(lambda: self._run(ctx), f"casync-step-{step}", lane=state.runner.lane)
         return ctx
 
     def _run(self, ctx: _Step) -> StepOutcome:
-        """Background thread: the step's ops to the end, then every DDP bucket's future."""
+        """Background thread: open the step (post its receives: off backward's thread, whose every call that lets
+        the GIL go can wait for this rank's other threads), hand over the buckets that came in meanwhile, run the
+        step's ops to the end, then complete every DDP bucket's future."""
         state = self.state
         try:
+            state.runner.begin(ctx.step)
+            with ctx.lock:
+                ctx.begun = True
+                pending, ctx.pending = ctx.pending, []
+            for bucket, flat, results_here in pending:
+                state.runner.provide(bucket, flat, results_here=results_here)
             outcome = state.runner.run()
         except BaseException as exc:
             with ctx.lock:

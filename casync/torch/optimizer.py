@@ -171,7 +171,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         except BaseException as exc:  # the ranks no longer agree on what comes next: unusable
             raise sync.fail(exc)
         self._step = step
-        self._background = Background(sync.runner.run, f"casync-step-{step}")
+        self._background = Background(sync.runner.run, f"casync-step-{step}", lane=sync.runner.lane)
 
     def _put(self, name: str, grad: torch.Tensor | None) -> None:
         """Copy one parameter's gradient into its plan bucket; hand a complete bucket to the runner."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..engines.executor import RankExecutor
 from ..engines.in_place import results_over_gradients
+from ..engines.lanes import Lane
 from ..engines.nonfinite import GradientScan, NonFiniteReport, layouts
 from ..errors import NonFiniteGradientError, PlanMismatchError, ReplicaMismatchError, SyncError, SyncTimeoutError
 from ..plan.syncplan import SyncPlan
@@ -107,13 +108,17 @@ class StepOutcome:
 
 
 class Background:
-    """Runs ``fn()`` on a daemon thread; :meth:`result` joins it and returns its value or raises its error."""
+    """Runs ``fn()`` on a daemon thread, or on ``lane`` (a long-lived one: starting a thread waits until it runs, a
+    millisecond or more on busy cores, and the hook starts a step from backward's own thread); :meth:`result`
+    waits for it and returns its value or raises its error."""
 
-    def __init__(self, fn: Callable[[], Any], name: str):
-        self._fn, self._value, self._error = fn, None, None
+    def __init__(self, fn: Callable[[], Any], name: str, lane: Lane | None = None):
+        self._fn, self._value, self._error, self._name = fn, None, None, name
         self.finished = threading.Event()
-        self._thread = threading.Thread(target=self._main, daemon=True, name=name)
-        self._thread.start()
+        if lane is not None:
+            lane.run(self._main)
+        else:
+            threading.Thread(target=self._main, daemon=True, name=name).start()
 
     def _main(self) -> None:
         try:
@@ -125,7 +130,7 @@ class Background:
 
     def result(self, timeout_s: float) -> Any:
         if not self.finished.wait(timeout_s):
-            raise SyncTimeoutError(f"{self._thread.name}: not finished within {timeout_s:.0f}s")
+            raise SyncTimeoutError(f"{self._name}: not finished within {timeout_s:.0f}s")
         if self._error is not None:
             raise self._error
         return self._value
@@ -157,6 +162,15 @@ class PlanRunner:
                       if a["op"] == "encode" and a["ef"] and a["actor"] == self.actor}
         self.step: int | None = None  # the open step
         self.broken: BaseException | None = None
+        self._lane: Lane | None = None
+
+    @property
+    def lane(self) -> Lane:
+        """A long-lived thread for the callers' background work (each step's :meth:`run`), started on first use
+        and stopped by :meth:`close`."""
+        if self._lane is None:
+            self._lane = Lane(f"casync-steps-{self.actor}")
+        return self._lane
 
     # -- a step ------------------------------------------------------------------------------------------------
     def begin(self, step: int) -> None:
@@ -235,5 +249,8 @@ class PlanRunner:
                             "the last checkpoint") from self.broken
 
     def close(self) -> None:
-        """Nothing to release beyond the group (its owner closes it); a failed runner stays unusable."""
+        """Stop the lane; nothing else to release beyond the group (its owner closes it); a failed runner stays
+        unusable."""
         self.broken = self.broken or SyncError(f"{self.actor}: closed")
+        if self._lane is not None:
+            self._lane.stop()

@@ -346,3 +346,44 @@ def loaded_on_some_ranks(rank: int, world: int, mode: str = "rank 0 only") -> An
     except Exception as exc:
         return {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start}
     return {"kind": None}
+
+
+def late_open(rank: int, world: int, steps: int = 5, delay: float = 0.15) -> dict[str, Any]:
+    """The hook opens each compressed step on its background thread (posting the receives off backward's thread);
+    here that thread opens them ``delay`` s late, so the buckets backward hands over meanwhile wait for it.  The
+    gradients must be those of a prompt open, and one long-lived thread serves every step."""
+    import threading
+
+    from casync.torch.hook import HookSession
+    from casync.torch.runner import PlanRunner
+
+    real_begin, real_provide = PlanRunner.begin, HookSession._provide
+    early: list[bool] = []
+
+    def provide(self: Any, ctx: Any, *args: Any) -> None:
+        early.append(not ctx.begun)
+        real_provide(self, ctx, *args)
+
+    out: dict[str, Any] = {}
+    for late in (False, True):
+        PlanRunner.begin = (lambda self, step: (time.sleep(delay), real_begin(self, step))[1]) if late else real_begin
+        HookSession._provide = provide
+        early.clear()
+        try:
+            model = DDP(GradientModel(SHAPES), bucket_cap_mb=0.008)
+            state = ct.CasyncState(check_every=0, strategy="ring", codec="onebit")
+            model.register_comm_hook(state, ct.comm_hook)
+            seen = []
+            for step in range(steps):
+                model.zero_grad(set_to_none=False)
+                model({n: torch.from_numpy(g) for n, g in step_grads(world, step)[rank].items()}).backward()
+                seen.append({n: p.grad.numpy().copy() for n, p in model.module.named_parameters()})
+            threads = [t.name for t in threading.enumerate() if t.name.startswith("casync-step")]
+            state.close()
+            time.sleep(0.2)
+            left = [t.name for t in threading.enumerate() if t.name.startswith("casync-step")]
+        finally:
+            PlanRunner.begin, HookSession._provide = real_begin, real_provide
+        out["late" if late else "prompt"] = {"grads": seen, "handed_before_open": sum(early),
+                                             "provides": len(early), "threads": threads, "left": left}
+    return out

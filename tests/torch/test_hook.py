@@ -229,3 +229,19 @@ def test_the_optimizer_refuses_a_checkpoint_loaded_on_some_ranks_only():
         assert not isinstance(r, RankError), r
         assert r["kind"] == "PlanMismatchError", r
         assert "the ranks are at different steps (rank 0 3, rank 1 0)" in r["message"], r
+
+
+def test_buckets_handed_over_before_the_step_opens_wait_for_it_and_give_the_same_bits():
+    """The background thread opens each step (posting its receives) while backward goes on; buckets DDP hands
+    over before that are handed to the step once it is open. Slowed down, every bucket comes early, and the
+    gradients are bit for bit the prompt run's; one step thread serves all steps and ends with the state."""
+    results = ok(run_ranks("tests.torch.scenarios:late_open", 2))
+    for rank, r in enumerate(results):
+        prompt, late = r["prompt"], r["late"]
+        assert late["provides"] == prompt["provides"] > 0
+        assert late["handed_before_open"] == late["provides"], late  # 0.15 s late: every bucket waited
+        for step, (a, b) in enumerate(zip(prompt["grads"], late["grads"])):
+            for name in a:
+                assert np.array_equal(a[name], b[name]), f"rank {rank}, step {step}, {name}"
+        for run in (prompt, late):
+            assert run["threads"] == [f"casync-steps-worker:{rank}"] and run["left"] == [], run
