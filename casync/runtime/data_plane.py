@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import ray
 
+from ..engines.collector import freeze_setup_heap
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
 from ..transport.base import RoutedChannel
@@ -28,7 +29,8 @@ from .actor_process import ActorProcess
 
 
 class DataPlaneMember(ActorProcess):
-    """Mixed into an actor class: joins the group and builds its channel; ``_on_channel(channel)`` takes it."""
+    """Mixed into an actor class: joins the group and builds its channel; ``_on_channel(channel)`` takes it, and
+    the set-up heap is then frozen out of the garbage collector (``casync.engines.collector``)."""
 
     timeout_s: float
     name: str
@@ -70,6 +72,7 @@ class DataPlaneMember(ActorProcess):
             channel = ShmChannel(channel, self.name, shm[0], shm[1])
         self._channel = channel
         self._on_channel(channel)
+        freeze_setup_heap()  # set up: a full collection inside a step would traverse all of it
         return (ifname or "") if backend is not None else ""
 
     def _on_channel(self, channel: Any) -> None:

@@ -19,7 +19,6 @@ from primitives.codecs import Codec
 from primitives.codecs.dense import FP16Codec
 from primitives.ir import Actor
 
-from ..engines.collector import freeze_setup_heap
 from ..engines.executor import RankExecutor
 from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, GradientScan, NonFiniteReport
@@ -72,7 +71,6 @@ class ExecutorActor(DataPlaneMember):
         self.executor = RankExecutor(self.share, self.codecs, self.plan_seed, self.partitions, channel, self.timeout_s,
                                      compute_threads=self.compute_threads, scan=scan)
         self.out = self.executor.new_result_buffers()
-        freeze_setup_heap()  # set up: a full collection inside a sync would traverse all of it
 
     # -- a step ------------------------------------------------------------------------------------------------
     def run_step(self, step: int, grads: dict[str, np.ndarray] | None, flagged: Any = None,

@@ -19,7 +19,6 @@ import ray
 
 from primitives.codecs import Codec
 
-from ..engines.collector import freeze_setup_heap
 from ..engines.executor import RankExecutor
 from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, GradientScan, NonFiniteReport
@@ -88,7 +87,6 @@ class StepSyncActor(DataPlaneMember):
         self._executors = {full: RankExecutor(share, self._codecs, self._plan_seed, self._partitions, channel,
                                               self._timeout_s, compute_threads=self._compute_threads, scan=scan)
                            for full, share in self._shares.items()}
-        freeze_setup_heap()  # set up: a full collection inside a step would traverse all of it
         self._thread.start()
 
     def start_at(self, step: int) -> None:
