@@ -9,7 +9,10 @@ into disjoint pieces:
 
 inside a Ray task of the actor
     ``op_cpu``       the ops' own CPU time (thread CPU of encode/decode/merge/send; a recv only hands over);
-    ``op_wait``      op wall time beyond that CPU: the op's thread waited for a core;
+    ``op_wait``      op wall time the op's thread was runnable but waited for a core (Linux schedstat, the
+                     rows' ``queued``; without that reading all wall time beyond the CPU counts here);
+    ``op_blocked``   the rest of the op's wall time beyond its CPU: the thread was blocked, in ops that take
+                     no lock waiting for the GIL (the actor's other threads held it);
     ``deserialize``  resolving the call's arguments: object-store fetch of the payloads + unpickling;
     ``store``        storing the call's returns: serializing payloads and copying them into the object store;
     ``between_ops``  the call's body outside the ops: ``run()``'s own Python (with a direct data plane, the
@@ -45,6 +48,7 @@ from typing import Any
 CATEGORIES: dict[str, str] = {
     "op_cpu": "ops: own CPU",
     "op_wait": "ops: waiting for a core",
+    "op_blocked": "ops: blocked (the GIL)",
     "deserialize": "args: object-store fetch + unpickle",
     "store": "returns: serialize + copy into the object store",
     "between_ops": "in task body, between ops",
@@ -192,6 +196,18 @@ def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo))
 
 
+def _add_op(out: dict[str, float], row: dict, wall: float) -> None:
+    """Add ``wall`` seconds of op ``row`` (all of it, or the part inside a call's body and the span) to
+    ``out`` as own CPU, waiting for a core and blocked; CPU and run-queue wait are prorated to that part."""
+    share = wall / max(row["end"] - row["start"], 1e-12)
+    cpu = min(wall, (row.get("cpu") or 0.0) * share)
+    queued = row.get("queued")
+    queued = wall - cpu if queued is None else min(wall - cpu, queued * share)
+    out["op_cpu"] += cpu
+    out["op_wait"] += queued
+    out["op_blocked"] += wall - cpu - queued
+
+
 def actor_breakdown(rows: Sequence[dict], calls: Sequence[RayTask], span: tuple[float, float]) -> dict[str, float]:
     """Seconds of one actor's lane in ``span`` per category; they sum to the span's length.
 
@@ -215,9 +231,7 @@ def actor_breakdown(rows: Sequence[dict], calls: Sequence[RayTask], span: tuple[
             if e <= s:
                 continue
             wall = e - s
-            cpu = min(wall, (r.get("cpu") or 0.0) * wall / max(r["end"] - r["start"], 1e-12))
-            out["op_cpu"] += cpu
-            out["op_wait"] += wall - cpu
+            _add_op(out, r, wall)
             ops_wall += wall
         deser = _overlap(*c.deserialize, lo, hi) if c.deserialize else 0.0
         store = _overlap(*c.store, lo, hi) if c.store else 0.0
@@ -280,7 +294,7 @@ def sync_breakdown(rows: Sequence[dict[str, Any]], tasks: Sequence[RayTask], act
 
 def executor_breakdown(rows: Sequence[dict[str, Any]], calls: int) -> dict[str, Any]:
     """One sync on the direct data plane (per-rank executors, one Ray call per actor): each actor's span cut
-    into its ops' own CPU, their waiting for a core, the executor's own time between ops whose inputs were
+    into its ops' own CPU, their waiting for a core and blocked, the executor's own time between ops whose inputs were
     there (``between_ops``), and idle time waiting for a payload or a local input (``wait_inputs``); the
     other categories are the object store's and stay 0.  Same return shape as :func:`sync_breakdown`."""
     ops = [r for r in rows if r["op"] != "load"]
@@ -293,10 +307,7 @@ def executor_breakdown(rows: Sequence[dict[str, Any]], calls: int) -> dict[str, 
         arrived = sorted(r["end"] for r in ops if r["actor"] == name and r["op"] == "recv")
         edge = span[0]
         for r in mine:
-            wall = r["end"] - r["start"]
-            cpu = min(wall, r.get("cpu") or 0.0)
-            out["op_cpu"] += cpu
-            out["op_wait"] += wall - cpu
+            _add_op(out, r, r["end"] - r["start"])
             gap = max(0.0, r["start"] - edge)
             # idle until the last payload this op could have been waiting for; the rest is the executor's own
             waited = bisect.bisect_right(arrived, r["start"]) and arrived[bisect.bisect_right(arrived, r["start"]) - 1]

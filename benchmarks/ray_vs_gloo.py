@@ -191,7 +191,7 @@ def per_call_figures(run: dict[str, Any]) -> dict[str, Any]:
                                                                / max(run["send_bytes"] * run["actors"] / 1e6, 1e-9)),
                 "executor's own time between ops per actor, ms": ms(mean["between_ops"]),
                 "idle waiting for payloads per actor, ms": ms(mean["wait_inputs"]),
-                "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"]),
+                "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"] + mean["op_blocked"]),
                 "ops' compute per actor, ms (simulator)": ms(run["sim"]["compute_s"]),
                 "transfers per actor, ms (simulator's egress lane)": ms(run["sim"]["transfer_s"])}
     return {
@@ -207,7 +207,7 @@ def per_call_figures(run: dict[str, Any]) -> dict[str, Any]:
             1e3 * ray_cpu(run["cpu"]) / b["calls"], 2),
         "driver: ms in submit_task per sync": ms(sync["submit_s"]),
         "driver: last submit_task ended, ms before the first op (< 0: after)": ms(sync["submitted_before_first_op_s"]),
-        "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"]),
+        "ops' wall per actor, ms (measured)": ms(mean["op_cpu"] + mean["op_wait"] + mean["op_blocked"]),
         "ops' compute per actor, ms (simulator)": ms(run["sim"]["compute_s"]),
         "store per actor, ms (measured)": ms(mean["store"]),
         "transfers per actor, ms (simulator's egress lane)": ms(run["sim"]["transfer_s"]),

@@ -21,11 +21,27 @@ def test_one_actor_lane_is_cut_into_categories_that_add_up():
             {"op": "recv", "start": 0.0, "end": 8.3, "cpu": 0.0},  # a recv row starts at its send: not op time
             {"op": "merge", "start": 8.4, "end": 8.6, "cpu": 0.2}]
     out = rb.actor_breakdown(rows, [second, first], (0.0, 10.0))
-    expect = {"op_cpu": 1.7, "op_wait": 0.5, "deserialize": 1.0, "store": 1.0, "between_ops": 1.0 + 0.4,
-              "task_loop": 0.5 + 0.4, "wait_inputs": 0.0, "submission": 0.5, "owner": 0.3 + 0.5,
-              "delivery": 0.2 + 1.0, "tail": 1.0}
+    expect = {"op_cpu": 1.7, "op_wait": 0.5, "op_blocked": 0.0, "deserialize": 1.0, "store": 1.0,
+              "between_ops": 1.0 + 0.4, "task_loop": 0.5 + 0.4, "wait_inputs": 0.0, "submission": 0.5,
+              "owner": 0.3 + 0.5, "delivery": 0.2 + 1.0, "tail": 1.0}
     assert out == pytest.approx(expect)
     assert sum(out.values()) == pytest.approx(10.0)
+
+
+def test_an_ops_wall_beyond_its_cpu_is_split_into_waiting_for_a_core_and_blocked_prorated_when_clipped():
+    call = rb.RayTask("a", "run", created=0.0, submitted=0.0, start=0.0, end=10.0, execute=(0.0, 10.0))
+    rows = [{"op": "encode", "start": 1.0, "end": 3.0, "cpu": 1.0, "queued": 0.4},
+            {"op": "merge", "start": 5.0, "end": 9.0, "cpu": 2.0, "queued": 1.2}]  # the span ends at 7: half of it
+    out = rb.actor_breakdown(rows, [call], (0.0, 7.0))
+    assert out["op_cpu"] == pytest.approx(1.0 + 1.0)
+    assert out["op_wait"] == pytest.approx(0.4 + 0.6)
+    assert out["op_blocked"] == pytest.approx(0.6 + 0.4)
+    assert sum(out.values()) == pytest.approx(7.0)
+    direct = rb.executor_breakdown([dict(r, actor="worker:0") for r in rows], calls=1)["per_actor"]["worker:0"]
+    assert (direct["op_cpu"], direct["op_wait"], direct["op_blocked"]) == pytest.approx((3.0, 1.6, 1.4))
+    assert sum(direct.values()) == pytest.approx(8.0)
+    unread = rb.executor_breakdown([dict(r, actor="worker:0", queued=None) for r in rows], calls=1)["mean"]
+    assert (unread["op_wait"], unread["op_blocked"]) == (pytest.approx(3.0), 0.0)  # no schedstat: as before
 
 
 def test_idle_time_before_a_call_waits_first_for_its_inputs_and_everything_is_clipped_to_the_span():
