@@ -25,7 +25,10 @@ sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`
   before using it (flagging it for the side channel), so no scan of the whole gradient holds up the step.
 
 Results, error-feedback residuals and the op records of a step come back from :meth:`RankExecutor.finish`;
-residuals are returned, never updated in place, so a failed step leaves the caller's state untouched.
+residuals are returned, never updated in place, so a failed step leaves the caller's state untouched.  An actor
+whose step fails tells every peer still waiting for a message from it, so the peers fail at once naming that
+failure, not at their timeout: over a channel that does not tell its peers itself when it aborts (a
+torch.distributed group), by an abort header in place of the next one the peer waits for, its reason after it.
 """
 from __future__ import annotations
 
@@ -53,6 +56,12 @@ from .nonfinite import GradientScan, NonFiniteReport, PartitionScans, certifiers
 from .threadclock import run_queue_wait
 
 HEADER_TAG = 1
+#: a header whose transfer is this: its sender's step failed; the reason follows on ABORT_TAG
+ABORTED = -1
+ABORT_TAG = 0
+REASON_BYTES = 256
+#: how long a failing actor waits for its abort notices to leave before its channel aborts
+NOTICE_WAIT_S = 0.5
 
 #: Syncs a host (Ray actor, DDP rank) runs before it stops allocating: the first faults in its result buffers
 #: and residuals, the second a second set of residuals (``begin``'s ``spares``: the residuals a step reads are
@@ -180,6 +189,7 @@ class RankExecutor:
                                 for h in np.zeros((len(idx), HEADER_WORDS), np.int64)]
                          for peer, idx in self._from_peer.items()}
         self._outbox: dict[str, queue.SimpleQueue] = {peer: queue.SimpleQueue() for peer in self._to_peer}
+        self._headers_sent = dict.fromkeys(self._to_peer, 0)  # per peer, by its sender thread
         self._calls = [self._hand("recv", peer, self._receive, len(idx)) for peer, idx in self._from_peer.items()]
         self._calls += [self._hand("send", peer, self._deliver, count) for peer, count in self._to_peer.items()]
 
@@ -385,6 +395,7 @@ class RankExecutor:
                 if side is not None:
                     handles.append((self.channel.isend(side, peer, side_tag(transfer)), side))
                 handles.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
+                self._headers_sent[peer] += 1
             for handle, _ in handles:
                 handle.wait()
         except BaseException as exc:  # the compute thread raises it
@@ -431,6 +442,8 @@ class RankExecutor:
             for header, handle in self._headers[peer]:
                 handle.wait()
                 transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
+                if transfer == ABORTED:
+                    raise self._peer_aborted(peer)
                 index = self._by_transfer.get(transfer)
                 again = index is not None and self._complete[index]  # a second copy would release its readers twice
                 if index is None or again or self.share.ops[index].peer != peer or step != self._step:
@@ -472,14 +485,62 @@ class RankExecutor:
                 f"{sorted(self._grads)[:6]}, waiting for the rest")
 
     def _fail(self, exc: BaseException) -> None:
-        """Tell the peers to stop waiting for this actor (the channel aborts), then let the step go."""
+        """Tell the peers to stop waiting for this actor (abort notices, the channel aborts), then let the step
+        go.  A failure that a peer's notice caused passes that peer's reason on, so every actor names the first."""
         with self._cond:  # the other compute threads stop at their next op
             if self._error is None:
                 self._error = exc
             self._cond.notify_all()
         for outbox in getattr(self, "_outbox", {}).values():
             outbox.put(None)
+        reason = getattr(exc, "abort_reason", None) or \
+            f"{self.actor} failed in step {self._step}: {type(exc).__name__}: {exc}"[:REASON_BYTES]
+        self._tell_peers(reason)
         try:
-            self.channel.abort(f"{self.actor} failed in step {self._step}: {type(exc).__name__}: {exc}"[:300])
+            self.channel.abort(reason)
         except Exception:
             pass
+
+    def _tell_peers(self, reason: str) -> None:
+        """Send each peer that still waits for a header from this actor an abort header and ``reason``, unless
+        the channel tells its peers itself when it aborts; waits at most :data:`NOTICE_WAIT_S` for them to leave
+        (a dead peer's never do)."""
+        sent = getattr(self, "_headers_sent", None)
+        if getattr(self.channel, "tells_peers_on_abort", False) or self._step is None or sent is None:
+            return
+        owed = [peer for peer, count in self._to_peer.items() if sent.get(peer, 0) < count]
+        if not owed:
+            return
+        header = np.zeros(HEADER_WORDS, np.int64)
+        header[:2] = ABORTED, self._step
+        text = np.zeros(REASON_BYTES, np.uint8)
+        encoded = reason.encode("utf-8", "replace")[:REASON_BYTES]
+        text[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+        handles = []
+        for peer in owed:
+            try:
+                handles.append(self.channel.isend(header.view(np.uint8), peer, HEADER_TAG))
+                handles.append(self.channel.isend(text, peer, ABORT_TAG))
+            except Exception:  # a channel already aborted or a peer gone: its timeout tells it
+                continue
+        self._notices = (header, text, handles)  # alive until sent, whenever that is
+
+        def wait() -> None:
+            for handle in handles:
+                try:
+                    handle.wait()
+                except Exception:
+                    pass
+
+        waiter = threading.Thread(target=wait, daemon=True, name=f"casync-notice-{self.actor}")
+        waiter.start()
+        waiter.join(NOTICE_WAIT_S)
+
+    def _peer_aborted(self, peer: str) -> SyncError:
+        """The error for ``peer``'s abort header (its reason is the next message from it)."""
+        text = np.zeros(REASON_BYTES, np.uint8)
+        self.channel.irecv(text, peer, ABORT_TAG).wait()
+        reason = bytes(text).rstrip(b"\0").decode("utf-8", "replace")
+        error = SyncError(f"{self.actor}: {peer} aborted its data plane: {reason}")
+        error.abort_reason = reason  # type: ignore[attr-defined]
+        return error

@@ -24,7 +24,9 @@ class Handle(Protocol):
 
 
 class Channel(Protocol):
-    """One actor's end of a transport."""
+    """One actor's end of a transport.  A channel whose :meth:`abort` itself makes the peers' waiting receives
+    fail says so with a ``tells_peers_on_abort = True`` attribute; for one without (False when absent), the
+    executor first sends each peer still waiting for it an abort notice (casync.engines.executor)."""
 
     actor: str
 
@@ -68,6 +70,8 @@ class LocalHub:
 
 class LocalChannel:
     """An actor's end of a :class:`LocalHub`."""
+
+    tells_peers_on_abort = True  # an abort fails every receive on the hub
 
     def __init__(self, hub: LocalHub, actor: str):
         self.hub = hub
@@ -132,6 +136,10 @@ class RoutedChannel:
         for channel in (self.near, self.far):
             if channel is not None:
                 channel.abort(reason)
+
+    @property
+    def tells_peers_on_abort(self) -> bool:
+        return all(getattr(c, "tells_peers_on_abort", False) for c in (self.near, self.far) if c is not None)
 
     def close(self) -> None:
         for channel in (self.near, self.far):

@@ -196,6 +196,10 @@ class ShmChannel:
     def abort(self, reason: str) -> None:
         self.base.abort(reason)
 
+    @property
+    def tells_peers_on_abort(self) -> bool:
+        return bool(getattr(self.base, "tells_peers_on_abort", False))
+
     def close(self) -> None:
         for shm in self._peers.values():
             shm.close()

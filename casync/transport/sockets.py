@@ -81,6 +81,8 @@ class SocketChannel:
     Without ``host``: Unix sockets named from ``prefix`` (peers on this machine).  With ``host``: TCP, listening
     on ``host`` at a port the OS picks (:attr:`address`); :meth:`connect` then needs every peer's address."""
 
+    tells_peers_on_abort = True  # an abort frame to every peer (see abort)
+
     def __init__(self, actor: str, peers: Iterable[str], prefix: str, timeout_s: float = 60.0,
                  host: str | None = None):
         self.actor = actor

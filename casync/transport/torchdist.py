@@ -87,6 +87,9 @@ def init_group(rank: int, world: int, master: str, port: int, *, backend: str = 
 class TorchChannel:
     """An actor's end of the process group; ``ranks`` maps actor names to group ranks."""
 
+    #: a receive waits for its (peer, tag) alone: an aborting actor's executor tells the peers waiting for it
+    tells_peers_on_abort = False
+
     def __init__(self, actor: str, ranks: Mapping[str, int], group: Any = None):
         import torch
         import torch.distributed as dist

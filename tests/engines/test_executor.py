@@ -18,7 +18,7 @@ from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import GradientScan, certifiers, layouts, scan_worker
 from casync.errors import SyncError, SyncTimeoutError
 from casync.schedule import actor_shares, plan_transfers
-from casync.transport.base import LocalHub
+from casync.transport.base import LocalChannel, LocalHub
 from casync.transport.shm import ShmChannel, arenas
 from primitives.codecs.sign import OneBitCodec
 from primitives.ir import Actor
@@ -420,9 +420,9 @@ class SlowOneBit(OneBitCodec):
         return super().encode(x, seed)
 
 
-def _many_buckets_plan(codec):
+def _many_buckets_plan(codec, strategy="ps", workers=2):
     shapes = {f"t{i}": (64,) for i in range(6)}
-    return casync.build_plan(shapes, workers=2, strategy="ps", codec=codec, partitions=1, bucket_bytes=0,
+    return casync.build_plan(shapes, workers=workers, strategy=strategy, codec=codec, partitions=1, bucket_bytes=0,
                              error_feedback=False), shapes
 
 
@@ -514,6 +514,46 @@ def test_an_op_failure_is_a_sync_error_naming_the_op_on_any_thread(compute_threa
     assert failed and all(type(e) is SyncError for e in failed)
     assert all(re.search(r"worker:\d, step 0: encode of bucket '\w+', partition 0 \(.+\) failed: RuntimeError",
                          str(e)) for e in failed), [str(e) for e in failed]
+
+
+class PrivateAbortChannel(LocalChannel):
+    """A LocalHub end whose abort refuses its own transfers and tells no peer, as a torch.distributed group's."""
+
+    tells_peers_on_abort = False
+
+    def __init__(self, hub, actor):
+        super().__init__(hub, actor)
+        self.aborted = None
+
+    def isend(self, buf, peer, tag):
+        if self.aborted:
+            raise SyncError(f"{self.actor}: aborted: {self.aborted}")
+        return super().isend(buf, peer, tag)
+
+    def abort(self, reason):
+        self.aborted = reason
+
+
+@pytest.mark.parametrize("strategy", ["ring", "ps"])
+def test_a_failing_actor_tells_its_peers_at_once_over_a_channel_whose_abort_does_not(strategy):
+    plan, shapes = _many_buckets_plan(FailingOneBit(), strategy=strategy, workers=3)
+    flats, _ = flatten_worker_grads(plan, make_grads(shapes, 3))
+    hub = LocalHub(timeout_s=30)
+    execs = executors(plan, hub, timeout_s=30.0, channel=lambda a: PrivateAbortChannel(hub, a))
+    plain = {k: OneBitCodec() for k in plan.codecs}
+    for actor in plan.actors:  # only worker:1's encodes fail
+        if actor != "worker:1":
+            execs[actor].codecs = plain
+    start = time.monotonic()
+    _, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
+    assert time.monotonic() - start < 10  # not the 30 s timeout
+    assert set(errors) == set(plan.actors)
+    assert "encode failed on purpose" in str(errors["worker:1"])
+    for actor, error in errors.items():
+        if actor != "worker:1":  # told directly, or by a peer that was told: the first failure's reason either way
+            assert type(error) is SyncError, (actor, error)
+            assert re.search(r"aborted its data plane: worker:1 failed in step 0: SyncError: .*encode failed on purpose",
+                             str(error)), (actor, str(error))
 
 
 def test_a_gradient_of_the_wrong_dtype_or_size_is_refused_naming_the_bucket():

@@ -229,6 +229,41 @@ def dies(rank: int, world: int, group_timeout: float = 8.0) -> Any:
     return {"kind": None}
 
 
+def op_fails(rank: int, world: int, flags: str, group_timeout: float = 30.0) -> Any:
+    """Rank 1's encodes raise from step 3 on (compressed, over the gloo group): every rank must fail at once
+    naming that failure, not at the group's timeout.  Rank 1's process stays (as a script that catches the error
+    would) until the others have failed, each leaving a file in ``flags``: its exit would close the
+    connections, which the others would also notice at once, without knowing why."""
+    import casync.engines.executor as executor
+
+    state = ct.CasyncState(codec="onebit", transport="gloo", timeout_s=group_timeout)
+    ddp, opt, _ = train(mlp(), rank, range(3), state)
+    if rank == 1:
+        real = executor.run_node
+
+        def failing(attrs: Any, *args: Any, **kwargs: Any) -> Any:
+            if attrs["op"] == "encode":
+                raise RuntimeError("encode failed on purpose")
+            return real(attrs, *args, **kwargs)
+
+        executor.run_node = failing
+    x, y = batch(3, rank)
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    start = time.monotonic()
+    try:
+        loss.backward()
+    except Exception as exc:
+        out = {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start,
+               "error": type(state.error).__name__}
+    else:
+        out = {"kind": None}
+    open(os.path.join(flags, f"rank{rank}"), "w").close()
+    deadline = time.monotonic() + 2 * group_timeout
+    while rank == 1 and len(os.listdir(flags)) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return out
+
+
 def nonfinite(rank: int, world: int) -> dict[str, Any]:
     """NaN in rank 0's gradient at step 3: propagated bit-identically to every rank; under 'skip' the step
     is voided on every rank (zeros) and the residuals stay as they were."""
