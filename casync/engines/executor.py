@@ -128,6 +128,7 @@ class RankExecutor:
         self._certifying = frozenset(self._certifier.values())  # those encodes
         self._cond = threading.Condition()
         self._step: int | None = None
+        self._told: int | None = None  # the step whose failure the peers were told of
         self._lanes: dict[tuple[str, str], Lane] = {}  # (direction, peer) -> its thread, reused step after step
         weakref.finalize(self, stop_lanes, self._lanes)
 
@@ -484,6 +485,12 @@ class RankExecutor:
                 f"{self.actor}: step {self._step} made no progress for {self.timeout_s:.0f}s; gradients provided for "
                 f"{sorted(self._grads)[:6]}, waiting for the rest")
 
+    def abort(self, exc: BaseException) -> None:
+        """Fail the step in flight from outside its threads (the host gave up on it): :meth:`finish` raises
+        ``exc``'s failure and the peers waiting for this actor are told.  Nothing when no step is in flight."""
+        if self._step is not None:
+            self._fail(exc)
+
     def _fail(self, exc: BaseException) -> None:
         """Tell the peers to stop waiting for this actor (abort notices, the channel aborts), then let the step
         go.  A failure that a peer's notice caused passes that peer's reason on, so every actor names the first."""
@@ -504,10 +511,12 @@ class RankExecutor:
     def _tell_peers(self, reason: str) -> None:
         """Send each peer that still waits for a header from this actor an abort header and ``reason``, unless
         the channel tells its peers itself when it aborts; waits at most :data:`NOTICE_WAIT_S` for them to leave
-        (a dead peer's never do)."""
+        (a dead peer's never do).  Once a step: a second failure of the step tells nobody again."""
         sent = getattr(self, "_headers_sent", None)
-        if getattr(self.channel, "tells_peers_on_abort", False) or self._step is None or sent is None:
+        if getattr(self.channel, "tells_peers_on_abort", False) or self._step is None or sent is None \
+                or self._told == self._step:
             return
+        self._told = self._step
         owed = [peer for peer, count in self._to_peer.items() if sent.get(peer, 0) < count]
         if not owed:
             return

@@ -346,6 +346,8 @@ class HookSession:
         state = self.state
         try:
             state.runner.begin(ctx.step)
+            if state.error is not None:  # the hook failed on backward's thread before the step was open
+                state.runner.abort(state.error)
             with ctx.lock:
                 ctx.begun = True
                 pending, ctx.pending = ctx.pending, []

@@ -248,6 +248,12 @@ class PlanRunner:
             raise SyncError(f"{self.actor}: this synchronizer failed earlier ({self.broken}); start a new one from "
                             "the last checkpoint") from self.broken
 
+    def abort(self, exc: BaseException) -> None:
+        """Fail the step in flight with ``exc`` (its caller gave up on it, say a hook that raised on this rank):
+        its threads stop, the peers waiting for this rank are told, and :meth:`run` raises.  Nothing when no
+        step is in flight."""
+        self.executor.abort(exc)
+
     def close(self) -> None:
         """Stop the lane; nothing else to release beyond the group (its owner closes it); a failed runner stays
         unusable."""

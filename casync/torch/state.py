@@ -98,9 +98,12 @@ class SyncState:
                             "unusable: restart from the last checkpoint") from self.error
 
     def fail(self, exc: BaseException) -> BaseException:
-        """Remember the failure that makes this state unusable; returns it."""
+        """Remember the failure that makes this state unusable, and fail the step in flight with it (its peers
+        are told at once, not at their timeout); returns it."""
         if self.error is None:
             self.error = exc
+        if self.runner is not None:
+            self.runner.abort(exc)
         return exc
 
     # -- the consistency guard ---------------------------------------------------------------------------------

@@ -191,12 +191,15 @@ def test_a_dead_rank_is_a_typed_error_within_the_timeout_on_the_others():
         assert r["elapsed"] < timeout_s + 10, r
 
 
-def test_an_op_failing_on_one_rank_fails_every_rank_at_once_naming_it(tmp_path):
-    results = run_ranks("tests.torch.scenarios:op_fails", 3, flags=str(tmp_path), group_timeout=30.0, timeout_s=120)
-    for r in results:
+@pytest.mark.parametrize("where", ["encode", "hook"])
+def test_a_sync_failing_on_one_rank_fails_every_rank_at_once_naming_it(tmp_path, where):
+    results = run_ranks("tests.torch.scenarios:op_fails", 3, flags=str(tmp_path), where=where, group_timeout=30.0,
+                        timeout_s=120)
+    for rank, r in enumerate(results):
         assert not isinstance(r, RankError), r
-        assert r["kind"] == r["error"] == "SyncError", r
-        assert "worker:1" in r["message"] and "encode failed on purpose" in r["message"], r
+        assert r["kind"] == ("RuntimeError" if rank == 1 and where == "hook" else "SyncError"), r
+        assert r["error"] == r["kind"], r
+        assert ("worker:1" in r["message"] or rank == 1) and f"{where} failed on purpose" in r["message"], r
         assert r["elapsed"] < 15, r  # not the 30 s timeout
 
 
