@@ -552,8 +552,8 @@ def test_a_failing_actor_tells_its_peers_at_once_over_a_channel_whose_abort_does
     for actor, error in errors.items():
         if actor != "worker:1":  # told directly, or by a peer that was told: the first failure's reason either way
             assert type(error) is SyncError, (actor, error)
-            assert re.search(r"aborted its data plane: worker:1 failed in step 0: SyncError: .*encode failed on purpose",
-                             str(error)), (actor, str(error))
+            told = r"aborted its data plane: worker:1 failed in step 0: SyncError: .*encode failed on purpose"
+            assert re.search(told, str(error)), (actor, str(error))
 
 
 def test_a_gradient_of_the_wrong_dtype_or_size_is_refused_naming_the_bucket():
