@@ -26,9 +26,8 @@ sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`
 
 Results, error-feedback residuals and the op records of a step come back from :meth:`RankExecutor.finish`;
 residuals are returned, never updated in place, so a failed step leaves the caller's state untouched.  An actor
-whose step fails tells every peer still waiting for a message from it, so the peers fail at once naming that
-failure, not at their timeout: over a channel that does not tell its peers itself when it aborts (a
-torch.distributed group), by an abort header in place of the next one the peer waits for, its reason after it.
+whose step fails tells every peer still waiting for a message from it (its channel's abort, or abort notices:
+:mod:`casync.engines.messages`), so the peers fail at once naming that failure, not at their timeout.
 """
 from __future__ import annotations
 
@@ -51,17 +50,12 @@ from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, 
 from ..errors import SyncError, SyncTimeoutError
 from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
+from .inputs import check_result_buffers
 from .lanes import Lane, stop_lanes
+from .messages import ABORTED, HEADER_TAG, REASON_BYTES, abort_error, body_tag, send_abort_notices, side_tag, \
+    tells_peers
 from .nonfinite import GradientScan, NonFiniteReport, PartitionScans, certifiers
 from .threadclock import run_queue_wait
-
-HEADER_TAG = 1
-#: a header whose transfer is this: its sender's step failed; the reason follows on ABORT_TAG
-ABORTED = -1
-ABORT_TAG = 0
-REASON_BYTES = 256
-#: how long a failing actor waits for its abort notices to leave before its channel aborts
-NOTICE_WAIT_S = 0.5
 
 #: Syncs a host (Ray actor, DDP rank) runs before it stops allocating: the first faults in its result buffers
 #: and residuals, the second a second set of residuals (``begin``'s ``spares``: the residuals a step reads are
@@ -69,14 +63,6 @@ NOTICE_WAIT_S = 0.5
 #: ResNet-50 ring/onebit actor faults ~10k pages and takes ~25 ms more CPU than the third: a benchmark times
 #: steady state after this many untimed syncs.
 WARMUP_SYNCS = 2
-
-
-def body_tag(transfer: int) -> int:
-    return 2 + 2 * transfer
-
-
-def side_tag(transfer: int) -> int:
-    return 3 + 2 * transfer
 
 
 def check_compute_threads(value: Any, who: str = "") -> int:
@@ -209,18 +195,7 @@ class RankExecutor:
 
     def _result_buffers(self, out: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """One result buffer per bucket: ``out``'s, checked, or fresh ones."""
-        if out is None:
-            return self.new_result_buffers()
-        sizes = self._sizes
-        if set(out) != set(sizes):
-            raise ValueError(f"{self.actor}: out= must have one buffer per bucket {sorted(sizes)}, got {sorted(out)}")
-        for b, n in sizes.items():
-            buf = out[b]
-            if not (isinstance(buf, np.ndarray) and buf.dtype == np.float32 and buf.shape == (n,)
-                    and buf.flags.c_contiguous and buf.flags.writeable):
-                raise ValueError(f"{self.actor}: out[{b!r}] must be a writeable contiguous float32 array of shape "
-                                 f"({n},), got {getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}")
-        return dict(out)
+        return self.new_result_buffers() if out is None else check_result_buffers(self.actor, out, self._sizes)
 
     def provide(self, bucket: str, flat: np.ndarray, flagged: set[tuple[str, int]] | None = None,
                 results_here: bool = False) -> None:
@@ -444,7 +419,7 @@ class RankExecutor:
                 handle.wait()
                 transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
                 if transfer == ABORTED:
-                    raise self._peer_aborted(peer)
+                    raise abort_error(self.channel, self.actor, peer)
                 index = self._by_transfer.get(transfer)
                 again = index is not None and self._complete[index]  # a second copy would release its readers twice
                 if index is None or again or self.share.ops[index].peer != peer or step != self._step:
@@ -509,47 +484,12 @@ class RankExecutor:
             pass
 
     def _tell_peers(self, reason: str) -> None:
-        """Send each peer that still waits for a header from this actor an abort header and ``reason``, unless
-        the channel tells its peers itself when it aborts; waits at most :data:`NOTICE_WAIT_S` for them to leave
-        (a dead peer's never do).  Once a step: a second failure of the step tells nobody again."""
+        """Abort notices to the peers still waiting for a header from this actor, unless the channel's abort
+        tells them; once a step (a second failure of the step tells nobody again)."""
         sent = getattr(self, "_headers_sent", None)
-        if getattr(self.channel, "tells_peers_on_abort", False) or self._step is None or sent is None \
-                or self._told == self._step:
+        if tells_peers(self.channel) or self._step is None or sent is None or self._told == self._step:
             return
         self._told = self._step
         owed = [peer for peer, count in self._to_peer.items() if sent.get(peer, 0) < count]
-        if not owed:
-            return
-        header = np.zeros(HEADER_WORDS, np.int64)
-        header[:2] = ABORTED, self._step
-        text = np.zeros(REASON_BYTES, np.uint8)
-        encoded = reason.encode("utf-8", "replace")[:REASON_BYTES]
-        text[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-        handles = []
-        for peer in owed:
-            try:
-                handles.append(self.channel.isend(header.view(np.uint8), peer, HEADER_TAG))
-                handles.append(self.channel.isend(text, peer, ABORT_TAG))
-            except Exception:  # a channel already aborted or a peer gone: its timeout tells it
-                continue
-        self._notices = (header, text, handles)  # alive until sent, whenever that is
-
-        def wait() -> None:
-            for handle in handles:
-                try:
-                    handle.wait()
-                except Exception:
-                    pass
-
-        waiter = threading.Thread(target=wait, daemon=True, name=f"casync-notice-{self.actor}")
-        waiter.start()
-        waiter.join(NOTICE_WAIT_S)
-
-    def _peer_aborted(self, peer: str) -> SyncError:
-        """The error for ``peer``'s abort header (its reason is the next message from it)."""
-        text = np.zeros(REASON_BYTES, np.uint8)
-        self.channel.irecv(text, peer, ABORT_TAG).wait()
-        reason = bytes(text).rstrip(b"\0").decode("utf-8", "replace")
-        error = SyncError(f"{self.actor}: {peer} aborted its data plane: {reason}")
-        error.abort_reason = reason  # type: ignore[attr-defined]
-        return error
+        if owed:  # its buffers stay alive until sent, whenever that is
+            self._notices = send_abort_notices(self.channel, self._step, owed, reason)

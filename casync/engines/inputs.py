@@ -128,6 +128,21 @@ def check_flats(plan: SyncPlan, flats: Any, mappings_only: bool = False) -> None
                                  f"({bucket.numel},), got {got}")
 
 
+def check_result_buffers(actor: str, out: Mapping[str, np.ndarray], sizes: Mapping[str, int]
+                         ) -> dict[str, np.ndarray]:
+    """``out`` (an executor's ``begin(out=)``: bucket -> where to write its result) checked against the buckets'
+    sizes: one writeable contiguous float32 array of each bucket's size per bucket, or a ValueError naming it."""
+    if set(out) != set(sizes):
+        raise ValueError(f"{actor}: out= must have one buffer per bucket {sorted(sizes)}, got {sorted(out)}")
+    for b, n in sizes.items():
+        buf = out[b]
+        if not (isinstance(buf, np.ndarray) and buf.dtype == np.float32 and buf.shape == (n,)
+                and buf.flags.c_contiguous and buf.flags.writeable):
+            raise ValueError(f"{actor}: out[{b!r}] must be a writeable contiguous float32 array of shape "
+                             f"({n},), got {getattr(buf, 'dtype', type(buf).__name__)} {getattr(buf, 'shape', '')}")
+    return dict(out)
+
+
 def random_grads(plan: SyncPlan, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Gaussian gradients per worker, shaped like the plan's tensors (a stand-in for a backward pass)."""
     rng = np.random.default_rng(seed)
