@@ -115,6 +115,7 @@ class RankExecutor:
         self._cond = threading.Condition()
         self._step: int | None = None
         self._told: int | None = None  # the step whose failure the peers were told of
+        self._failing = threading.Lock()
         self._lanes: dict[tuple[str, str], Lane] = {}  # (direction, peer) -> its thread, reused step after step
         weakref.finalize(self, stop_lanes, self._lanes)
 
@@ -477,11 +478,12 @@ class RankExecutor:
             outbox.put(None)
         reason = getattr(exc, "abort_reason", None) or \
             f"{self.actor} failed in step {self._step}: {type(exc).__name__}: {exc}"[:REASON_BYTES]
-        self._tell_peers(reason)
-        try:
-            self.channel.abort(reason)
-        except Exception:
-            pass
+        with self._failing:  # a second failure (the host's abort beside the step's own) aborts after the notices
+            self._tell_peers(reason)
+            try:
+                self.channel.abort(reason)
+            except Exception:
+                pass
 
     def _tell_peers(self, reason: str) -> None:
         """Abort notices to the peers still waiting for a header from this actor, unless the channel's abort
