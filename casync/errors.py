@@ -9,7 +9,14 @@ class SyncError(RuntimeError):
 
 
 class WorkerLostError(SyncError):
-    """An actor of the plan died (or its node went away) during a sync."""
+    """An actor of the plan died (or its node went away) during a sync; ``lost`` names it where known."""
+
+    def __init__(self, message: str, lost: str | None = None):
+        super().__init__(message)
+        self.lost = lost
+
+    def __reduce__(self):  # picklable across processes (Ray, a rank's pipe) with what it names
+        return (type(self), (str(self), self.lost))
 
 
 class SyncTimeoutError(SyncError, TimeoutError):

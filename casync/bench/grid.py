@@ -60,7 +60,7 @@ class Grid:
     compute_threads: int = 1
 
     def __post_init__(self) -> None:
-        from ..engines.executor import check_compute_threads
+        from ..engines.inputs import check_compute_threads
 
         check_compute_threads(self.compute_threads, "Grid")
         if self.compute_threads > 1 and "objectstore" in self.transports:

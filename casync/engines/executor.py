@@ -50,10 +50,9 @@ from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, 
 from ..errors import SyncError, SyncTimeoutError
 from ..schedule import ActorShare
 from ..transport.base import DONE, Channel, Handle
-from .inputs import check_result_buffers
+from .inputs import check_compute_threads, check_result_buffers
 from .lanes import Lane, stop_lanes
-from .messages import ABORTED, HEADER_TAG, REASON_BYTES, abort_error, body_tag, send_abort_notices, side_tag, \
-    tells_peers
+from .messages import ABORTED, HEADER_TAG, HeaderLedger, abort_error, abort_reason, body_tag, side_tag
 from .nonfinite import GradientScan, NonFiniteReport, PartitionScans, certifiers
 from .threadclock import run_queue_wait
 
@@ -63,13 +62,6 @@ from .threadclock import run_queue_wait
 #: ResNet-50 ring/onebit actor faults ~10k pages and takes ~25 ms more CPU than the third: a benchmark times
 #: steady state after this many untimed syncs.
 WARMUP_SYNCS = 2
-
-
-def check_compute_threads(value: Any, who: str = "") -> int:
-    """``value`` as a number of compute threads (an int >= 1), or a ValueError naming ``who``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{who + ': ' if who else ''}compute_threads must be an int >= 1, got {value!r}")
-    return value
 
 
 class RankExecutor:
@@ -114,7 +106,8 @@ class RankExecutor:
         self._certifying = frozenset(self._certifier.values())  # those encodes
         self._cond = threading.Condition()
         self._step: int | None = None
-        self._told: int | None = None  # the step whose failure the peers were told of
+        self._ledger = HeaderLedger(channel, self._to_peer)  # its lock gates opening and closing a step
+        self._pending_abort: BaseException | None = None  # abort() between steps: the next step fails as it opens
         self._failing = threading.Lock()
         self._lanes: dict[tuple[str, str], Lane] = {}  # (direction, peer) -> its thread, reused step after step
         weakref.finalize(self, stop_lanes, self._lanes)
@@ -129,11 +122,20 @@ class RankExecutor:
         in than the decodes that fill them); fresh arrays when None.  ``spares``: residual arrays, by key, the
         caller will never read again (those ``residuals`` replaced a step ago): new residuals are written
         there instead of into fresh memory; the ``residuals`` passed here are never written."""
+        with self._ledger.lock:
+            self._open(step, residuals, codecs, out, spares)
+        if self._pending_abort is not None:  # the host gave up before the step was open: fail it, telling the peers
+            exc, self._pending_abort = self._pending_abort, None
+            self._fail(exc)
+
+    def _open(self, step: int, residuals: Mapping[str, np.ndarray], codecs: Mapping[str, Codec] | None,
+              out: Mapping[str, np.ndarray] | None, spares: Mapping[str, np.ndarray] | None) -> None:
+        """:meth:`begin`'s work, holding the ledger's lock: the step counts as open only once all of it is set up,
+        right before its sender and receiver threads start."""
         if self._step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self._step} is still open")
         results = self._result_buffers(out)
         ops = self.share.ops
-        self._step = step
         self._codecs = dict(codecs) if codecs else self.codecs
         self._layouts = self._plan_layouts if not codecs else {
             i: layout(self._codecs[ops[i].attrs["codec"]], ops[i].attrs["numel"]) for i in self.share.sends + self.share.recvs}
@@ -177,7 +179,8 @@ class RankExecutor:
                                 for h in np.zeros((len(idx), HEADER_WORDS), np.int64)]
                          for peer, idx in self._from_peer.items()}
         self._outbox: dict[str, queue.SimpleQueue] = {peer: queue.SimpleQueue() for peer in self._to_peer}
-        self._headers_sent = dict.fromkeys(self._to_peer, 0)  # per peer, by its sender thread
+        self._step = step
+        self._ledger.opened(step)
         self._calls = [self._hand("recv", peer, self._receive, len(idx)) for peer, idx in self._from_peer.items()]
         self._calls += [self._hand("send", peer, self._deliver, count) for peer, count in self._to_peer.items()]
 
@@ -271,7 +274,9 @@ class RankExecutor:
                 if not lane.idle():
                     lane.stop()
                     del self._lanes[key]
-            self._step = None
+            with self._ledger.lock:
+                self._step = None
+                self._ledger.opened(None)
             self._values = []
 
     # -- the compute threads --------------------------------------------------------------------------------
@@ -371,8 +376,10 @@ class RankExecutor:
                     handles.append((self.channel.isend(body, peer, body_tag(transfer)), body))
                 if side is not None:
                     handles.append((self.channel.isend(side, peer, side_tag(transfer)), side))
-                handles.append((self.channel.isend(header.view(np.uint8), peer, HEADER_TAG), header))
-                self._headers_sent[peer] += 1
+                handle = self._ledger.send(header, peer)
+                if handle is None:  # an abort notice took this header's place
+                    return
+                handles.append((handle, header))
             for handle, _ in handles:
                 handle.wait()
         except BaseException as exc:  # the compute thread raises it
@@ -420,7 +427,7 @@ class RankExecutor:
                 handle.wait()
                 transfer, step, nside = int(header[0]), int(header[1]), int(header[2])
                 if transfer == ABORTED:
-                    raise abort_error(self.channel, self.actor, peer)
+                    raise abort_error(self.channel, self.actor, peer, kind=nside)  # its third word: the kind
                 index = self._by_transfer.get(transfer)
                 again = index is not None and self._complete[index]  # a second copy would release its readers twice
                 if index is None or again or self.share.ops[index].peer != peer or step != self._step:
@@ -463,9 +470,13 @@ class RankExecutor:
 
     def abort(self, exc: BaseException) -> None:
         """Fail the step in flight from outside its threads (the host gave up on it): :meth:`finish` raises
-        ``exc``'s failure and the peers waiting for this actor are told.  Nothing when no step is in flight."""
-        if self._step is not None:
-            self._fail(exc)
+        ``exc``'s failure and the peers waiting for this actor are told.  Between steps, the next step fails
+        with it as it opens (telling the peers then): an abort that races the opening of a step is never lost."""
+        with self._ledger.lock:
+            if self._step is None:
+                self._pending_abort = exc
+                return
+        self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
         """Tell the peers to stop waiting for this actor (abort notices, the channel aborts), then let the step
@@ -476,22 +487,10 @@ class RankExecutor:
             self._cond.notify_all()
         for outbox in getattr(self, "_outbox", {}).values():
             outbox.put(None)
-        reason = getattr(exc, "abort_reason", None) or \
-            f"{self.actor} failed in step {self._step}: {type(exc).__name__}: {exc}"[:REASON_BYTES]
+        reason, kind = abort_reason(self.actor, self._step, exc)
         with self._failing:  # a second failure (the host's abort beside the step's own) aborts after the notices
-            self._tell_peers(reason)
+            self._ledger.tell(reason, kind)
             try:
                 self.channel.abort(reason)
             except Exception:
                 pass
-
-    def _tell_peers(self, reason: str) -> None:
-        """Abort notices to the peers still waiting for a header from this actor, unless the channel's abort
-        tells them; once a step (a second failure of the step tells nobody again)."""
-        sent = getattr(self, "_headers_sent", None)
-        if tells_peers(self.channel) or self._step is None or sent is None or self._told == self._step:
-            return
-        self._told = self._step
-        owed = [peer for peer, count in self._to_peer.items() if sent.get(peer, 0) < count]
-        if owed:  # its buffers stay alive until sent, whenever that is
-            self._notices = send_abort_notices(self.channel, self._step, owed, reason)

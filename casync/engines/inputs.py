@@ -148,3 +148,10 @@ def random_grads(plan: SyncPlan, seed: int = 0) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{t.name: rng.standard_normal(t.shape, dtype=np.float32) for t in plan.tensors}
             for _ in range(plan.workers)]
+
+
+def check_compute_threads(value: Any, who: str = "") -> int:
+    """``value`` as a number of compute threads (an int >= 1), or a ValueError naming ``who``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{who + ': ' if who else ''}compute_threads must be an int >= 1, got {value!r}")
+    return value

@@ -27,7 +27,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from ..engines.contract import EngineBase, fresh_results
-from ..engines.executor import check_compute_threads
+from ..engines.inputs import check_compute_threads
 from ..engines.inputs import check_flats
 from ..engines.nonfinite import SyncOutput, layouts, scan_worker, void_step, voids_step
 from ..engines.state import EngineState

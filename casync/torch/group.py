@@ -24,11 +24,11 @@ import uuid
 from typing import Any, Sequence
 
 from ..engines.memory import keep_freed_memory
-from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
 from ..schedule import plan_transfers
 from ..transport.shm import ShmChannel, arenas
-from ..transport.torchdist import TorchChannel
+from ..transport.torchdist import TorchChannel, as_sync_error
 
 TRANSPORTS = ("direct", "gloo")
 
@@ -37,7 +37,8 @@ def node_identity() -> str:
     """What makes two ranks share memory: the host, its boot, and the network namespace (the emulated cluster
     of ``benchmarks/netem`` puts each rank in its own namespace on one machine: those must use the links)."""
     try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            boot = file.read().strip()
     except OSError:
         boot = ""
     try:
@@ -45,24 +46,6 @@ def node_identity() -> str:
     except OSError:
         netns = ""
     return f"{socket.gethostname()}/{boot}/{netns}"
-
-
-def as_sync_error(exc: BaseException, what: str) -> SyncError:
-    """A failure of a gloo call as casync's typed error: a peer that left is a WorkerLostError, a timeout a
-    SyncTimeoutError; anything else a SyncError naming what was being done.  (The executor wraps transport
-    failures in a plain SyncError; those are classified by their message too.)"""
-    if isinstance(exc, SyncError) and type(exc) is not SyncError:
-        return exc
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    lowered = text.lower()
-    if "timed out" in lowered or "timeout" in lowered:
-        return SyncTimeoutError(f"{what}: {text}")
-    if any(s in lowered for s in ("connection closed", "connection reset", "broken pipe", "connection refused",
-                                  "socket closed", "by peer")):
-        return WorkerLostError(f"{what}: a peer left the group ({text})")
-    if isinstance(exc, SyncError):
-        return exc
-    return SyncError(f"{what}: {type(exc).__name__}: {text}")
 
 
 class CasyncGroup:

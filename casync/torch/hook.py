@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from ..engines.timeline import op_rows
 from ..errors import SyncError
-from .group import as_sync_error
+from ..transport.torchdist import as_sync_error
 from .plans import plan_for_buckets
 from .runner import Background, StepOutcome
 from .state import CasyncState, plan_mismatch
@@ -172,6 +172,10 @@ class HookSession:
         try:
             params = list(bucket.parameters())
             names = self._names(params)
+            if getattr(self.ddp, "_divide_by_initial_world_size", True) is False:
+                raise ValueError("DDP's join(divide_by_initial_world_size=False) is not supported by casync's hook, "
+                                 "which averages over every rank (a joined rank gives zeros), as PyTorch's own "
+                                 "hooks do: use join() with its default divide_by_initial_world_size=True")
             buffer = bucket.buffer()
             if buffer.layout != torch.strided:
                 raise TypeError(f"DDP's bucket of {names[:4]} holds {buffer.layout} gradients; casync syncs dense "
@@ -334,7 +338,7 @@ class HookSession:
         step = state.iter
         if first or (state.check_every and step % state.check_every == 0):  # and at this process's first step
             params = dict(self.module.named_parameters())
-            state.check_params(step, [params[t.name] for t in state.plan.tensors])
+            state.check_params(step, [params[t.name] for t in state.plan.tensors], took_step=not joined())
         ctx = _Step(step, started=time.time())
         ctx.background = Background(lambda: self._run(ctx), f"casync-step-{step}", lane=state.runner.lane)
         return ctx
@@ -399,6 +403,12 @@ class HookSession:
             source, start, numel = self.where[name]
             out[offset:offset + numel] = outcome.results[source][start:start + numel]
         return like if _in_place(like) else _back(out, like)
+
+
+def joined() -> bool:
+    """Whether DDP calls the hook for a rank that has joined (``ddp.join()`` with uneven inputs: out of data, it
+    shadows the others' backward with zero gradients, from its join hook, outside any backward pass)."""
+    return torch._C._current_graph_task_id() == -1
 
 
 def _all_in(buffer: torch.Tensor, tensors: list[torch.Tensor | None]) -> bool:

@@ -28,7 +28,7 @@ import torch
 from ..errors import NonFiniteGradientError
 from ..plan.assemble import make_buckets
 from ..plan.specs import TensorSpec
-from .group import as_sync_error
+from ..transport.torchdist import as_sync_error
 from .plans import SyncOptions, plan_for_buckets
 from .runner import Background, StepOutcome
 from .state import SyncState

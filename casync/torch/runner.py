@@ -28,7 +28,8 @@ from ..engines.nonfinite import GradientScan, NonFiniteReport, layouts
 from ..errors import NonFiniteGradientError, PlanMismatchError, ReplicaMismatchError, SyncError, SyncTimeoutError
 from ..plan.syncplan import SyncPlan
 from ..schedule import actor_shares
-from .group import CasyncGroup, as_sync_error
+from ..transport.torchdist import as_sync_error
+from .group import CasyncGroup
 
 
 def plan_fingerprint(plan: SyncPlan, config: Mapping[str, Any] | None = None) -> str:
@@ -82,15 +83,25 @@ def parameters_crc(tensors: Iterable[Any]) -> int:
     return crc
 
 
-def check_replicas(group: CasyncGroup, crc: int, step: int) -> None:
-    """Every rank's parameter CRC must agree; raises :class:`ReplicaMismatchError` on every rank."""
+def check_replicas(group: CasyncGroup, crc: int | None, step: int) -> None:
+    """Every rank's parameter CRC must agree; raises :class:`ReplicaMismatchError` on every rank.  ``crc`` None:
+    this rank took no step to compare (joined under DDP's ``join()``: out of inputs, it keeps the parameters it
+    had, and DDP hands it the final model when the join ends)."""
     seen = group.gather_object(crc, f"comparing parameters at step {step}")
-    if len(set(seen)) > 1:
-        majority = max(set(seen), key=seen.count)
-        odd = [r for r, c in enumerate(seen) if c != majority]
-        raise ReplicaMismatchError(f"step {step}: the replicas' parameters differ (CRC-32 per rank {seen}); rank(s) "
-                                   f"{odd} drifted from the others. Parameters must be equal at start (broadcast "
-                                   "them from rank 0) and every rank must apply the same update")
+    taken = [c for c in seen if c is not None]
+    if len(set(taken)) <= 1:
+        return
+    counts = sorted(((taken.count(c), c) for c in set(taken)), reverse=True)
+    if counts[0][0] > counts[1][0]:  # a majority: the others drifted from it
+        odd = [r for r, c in enumerate(seen) if c is not None and c != counts[0][1]]
+        blame = f"rank(s) {odd} drifted from the others"
+    else:
+        blame = "no majority to say which rank(s) drifted"
+    joined = [r for r, c in enumerate(seen) if c is None]
+    aside = f" (rank(s) {joined} joined, not compared)" if joined else ""
+    raise ReplicaMismatchError(f"step {step}: the replicas' parameters differ (CRC-32 per rank {seen}{aside}); "
+                               f"{blame}. Parameters must be equal at start (broadcast them from rank 0) and every "
+                               "rank must apply the same update")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..engines.executor import check_compute_threads
+from ..engines.inputs import check_compute_threads
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
 from .group import CasyncGroup
@@ -117,9 +117,10 @@ class SyncState:
         check_same_plan(self.ensure_group(), plan_fingerprint(plan, self.options.config()), describe, self.iter)
         self._checked = True
 
-    def check_params(self, step: int, tensors: Sequence[Any]) -> None:
-        """The replicas' parameters (``tensors`` in the plan's order) must agree on every rank (collective)."""
-        check_replicas(self.ensure_group(), parameters_crc(tensors), step)
+    def check_params(self, step: int, tensors: Sequence[Any], took_step: bool = True) -> None:
+        """The replicas' parameters (``tensors`` in the plan's order) must agree on every rank that took the step
+        (collective; ``took_step=False``: this rank joined, see :func:`~casync.torch.runner.check_replicas`)."""
+        check_replicas(self.ensure_group(), parameters_crc(tensors) if took_step else None, step)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _residual_arrays(self) -> dict[str, dict[str, np.ndarray]]:

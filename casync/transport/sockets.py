@@ -295,7 +295,7 @@ class SocketChannel:
                 error: SyncError = SyncError(f"{self.actor}: {peer} aborted its data plane: {exc}")
             elif isinstance(exc, (OSError, EOFError)):
                 reason = "closed its connection" if isinstance(exc, EOFError) else f"connection failed ({exc})"
-                error = WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)")
+                error = WorkerLostError(f"{self.actor}: {peer} {reason} (did its process die?)", lost=peer)
             else:  # a corrupt frame (say, a size no buffer can take): not a peer this actor can trust
                 error = SyncError(f"{self.actor}: the stream from {peer} broke: {type(exc).__name__}: {exc}")
             with self._lock:

@@ -15,7 +15,26 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import SyncError
+from ..errors import SyncError, SyncTimeoutError, WorkerLostError
+
+
+def as_sync_error(exc: BaseException, what: str, peer: str | None = None) -> SyncError:
+    """A failure of a gloo call as casync's typed error: a peer that left is a WorkerLostError (naming ``peer``,
+    the actor at the other end, where the call had one), a timeout a SyncTimeoutError; anything else a SyncError
+    naming what was being done.  (The executor wraps transport failures in a plain SyncError; those are
+    classified by their message too.)"""
+    if isinstance(exc, SyncError) and type(exc) is not SyncError:
+        return exc
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    lowered = text.lower()
+    if "timed out" in lowered or "timeout" in lowered:
+        return SyncTimeoutError(f"{what}: {text}")
+    if any(s in lowered for s in ("connection closed", "connection reset", "broken pipe", "connection refused",
+                                  "socket closed", "by peer")):
+        return WorkerLostError(f"{what}: {peer or 'a peer'} left the group ({text})", lost=peer)
+    if isinstance(exc, SyncError):
+        return exc
+    return SyncError(f"{what}: {type(exc).__name__}: {text}")
 
 
 def listen_socket(host: str, port: int = 0) -> socket.socket:
@@ -108,11 +127,13 @@ class TorchChannel:
 
     def isend(self, buf: np.ndarray, peer: str, tag: int) -> Any:
         self._check()
-        return self._dist.isend(self._torch.from_numpy(buf), self._peer(peer), group=self.group, tag=tag)
+        work = self._dist.isend(self._torch.from_numpy(buf), self._peer(peer), group=self.group, tag=tag)
+        return _Transfer(work, f"{self.actor}: sending to {peer}", peer)
 
     def irecv(self, buf: np.ndarray, peer: str, tag: int) -> Any:
         self._check()
-        return self._dist.irecv(self._torch.from_numpy(buf), self._peer(peer), group=self.group, tag=tag)
+        work = self._dist.irecv(self._torch.from_numpy(buf), self._peer(peer), group=self.group, tag=tag)
+        return _Transfer(work, f"{self.actor}: receiving from {peer}", peer)
 
     def _check(self) -> None:
         if self._aborted:
@@ -122,3 +143,19 @@ class TorchChannel:
         """Refuse further transfers; transfers in flight end by the group's timeout or when the processes stop
         (a Ray engine's actors at its ``close()``)."""
         self._aborted = reason
+
+
+class _Transfer:
+    """A gloo transfer's handle whose failure is casync's typed error naming the peer (a rank that died is a
+    WorkerLostError that says which, not gloo's bare "Connection closed by peer")."""
+
+    __slots__ = ("work", "what", "peer")
+
+    def __init__(self, work: Any, what: str, peer: str):
+        self.work, self.what, self.peer = work, what, peer
+
+    def wait(self) -> None:
+        try:
+            self.work.wait()
+        except Exception as exc:
+            raise as_sync_error(exc, self.what, self.peer) from exc

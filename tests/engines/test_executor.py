@@ -556,6 +556,64 @@ def test_a_failing_actor_tells_its_peers_at_once_over_a_channel_whose_abort_does
             assert re.search(told, str(error)), (actor, str(error))
 
 
+class OpeningChannel(PrivateAbortChannel):
+    """A PrivateAbortChannel that refuses receives once aborted too (as a torch.distributed group's end does) and
+    holds its first receive until ``go`` is set, saying so in ``opening``: an executor's ``begin`` paused midway."""
+
+    def __init__(self, hub, actor):
+        super().__init__(hub, actor)
+        self.opening, self.go, self.held = threading.Event(), threading.Event(), False
+
+    def irecv(self, buf, peer, tag):
+        if not self.held:
+            self.held = True
+            self.opening.set()
+            self.go.wait(10)
+        if self.aborted:
+            raise SyncError(f"{self.actor}: aborted: {self.aborted}")
+        return super().irecv(buf, peer, tag)
+
+
+def _abort_race(when):
+    """Three ring workers over channels whose abort tells nobody; worker:1's host aborts its step ``"opening"``
+    (while begin is posting the step's receives) or ``"before"`` it opens.  Returns each actor's error and the
+    seconds the step took."""
+    plan, shapes = _many_buckets_plan(OneBitCodec(), strategy="ring", workers=3)
+    flats, _ = flatten_worker_grads(plan, make_grads(shapes, 3))
+    hub = LocalHub(timeout_s=20)
+    channels = {a: (OpeningChannel if a == "worker:1" else PrivateAbortChannel)(hub, a) for a in plan.actors}
+    execs = executors(plan, hub, timeout_s=20.0, channel=channels.get)
+    failing, channel = execs["worker:1"], channels["worker:1"]
+    gave_up = RuntimeError("the host gave up")
+    if when == "before":
+        channel.go.set()
+        failing.abort(gave_up)
+    else:
+        def abort_midway():
+            channel.opening.wait(10)
+            threading.Thread(target=failing.abort, args=(gave_up,), daemon=True).start()
+            time.sleep(0.2)  # the abort waits for the step to be open
+            channel.go.set()
+        threading.Thread(target=abort_midway, daemon=True).start()
+    start = time.monotonic()
+    _, errors = run_step(plan, execs, {a: {} for a in plan.actors}, 0, flats)
+    return errors, time.monotonic() - start
+
+
+@pytest.mark.parametrize("when", ["opening", "before"])
+def test_an_abort_racing_the_opening_of_a_step_still_tells_every_peer(when):
+    """The host's abort (a DDP hook that raised on backward's thread) may come while its background thread is
+    inside ``begin``: the step must not count as open before the peers it owes headers to are known, or the
+    abort tells nobody and the others wait out their timeout (the hook test's 1-in-4 failure)."""
+    errors, took = _abort_race(when)
+    assert took < 5, errors  # not the 20 s timeout
+    assert set(errors) == {"worker:0", "worker:1", "worker:2"}
+    assert "the host gave up" in str(errors["worker:1"])
+    for actor in ("worker:0", "worker:2"):
+        assert re.search(r"aborted its data plane: worker:1 failed in step 0: RuntimeError: the host gave up",
+                         str(errors[actor])), (actor, str(errors[actor]))
+
+
 def test_a_gradient_of_the_wrong_dtype_or_size_is_refused_naming_the_bucket():
     plan = casync.build_plan(SHAPES, workers=2, codec="onebit", bucket_bytes=600)
     ex = executors(plan, LocalHub())["worker:0"]

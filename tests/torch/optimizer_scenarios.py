@@ -163,3 +163,40 @@ def loaded_on_rank_0_only(rank: int, world: int) -> dict[str, Any]:
     except Exception as exc:
         return {"kind": type(exc).__name__, "message": str(exc)}
     return {"kind": None}
+
+
+def op_fails(rank: int, world: int, transport: str = "gloo") -> dict[str, Any]:
+    """Rank 1's encodes fail in step 2 of a DistributedOptimizer job: every rank's synchronize() must fail at once
+    naming worker:1, not at the group's 30 s timeout.  Rank 1 stays until the others are done (its exit would
+    close the connections, which they would notice at once without knowing why)."""
+    import time
+
+    import casync.engines.executor as executor
+
+    model = mlp()
+    opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
+                                  codec="onebit", strategy="ring", bucket_bytes=4096, timeout_s=30.0,
+                                  transport=transport)
+    out: dict[str, Any] = {"kind": None}
+    for step in range(3):
+        if step == 2 and rank == 1:
+            real = executor.run_node
+
+            def failing(attrs: Any, *args: Any, **kwargs: Any) -> Any:
+                if attrs["op"] == "encode":
+                    raise RuntimeError("encode failed on purpose")
+                return real(attrs, *args, **kwargs)
+
+            executor.run_node = failing
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        start = time.monotonic()
+        try:
+            opt.step()
+        except Exception as exc:
+            out = {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start}
+            break
+    if rank == 1:
+        time.sleep(4.0)  # still alive while the others fail (they must not need its exit to notice)
+    return out

@@ -271,6 +271,55 @@ def op_fails(rank: int, world: int, flags: str, where: str = "encode", group_tim
     return out
 
 
+def dies_in_forward(rank: int, world: int, transport: str = "gloo") -> Any:
+    """Rank 1 dies in its forward pass at step 3 (a script that lets the exception end its process); the others are
+    in step 3's compressed sync, waiting for its payloads or for peers that wait for them.  Each must fail within
+    seconds with a WorkerLostError naming worker:1, not the peer that noticed first."""
+    state = ct.CasyncState(codec="onebit", transport=transport, timeout_s=30.0)
+    ddp, opt, _ = train(mlp(), rank, range(3), state)
+    x, y = batch(3, rank)
+    start = time.monotonic()
+    try:
+        if rank == 1:
+            raise RuntimeError("the forward pass failed on purpose")
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+    except Exception as exc:
+        if rank == 1:
+            os._exit(1)  # the process ends with its exception: its sockets close
+        return {"kind": type(exc).__name__, "message": str(exc), "elapsed": time.monotonic() - start,
+                "lost": getattr(exc, "lost", None)}
+    return {"kind": None}
+
+
+def uneven_join(rank: int, world: int, batches: list[int], codec: str = "none", check_every: int = 10,
+                static_graph: bool = False) -> dict[str, Any]:
+    """DDP's ``join()`` with uneven inputs (rank r has ``batches[r]`` batches), plain and with casync's hook of
+    ``codec``: each run's final parameters, the loss of each step, and the steps casync counted."""
+    out: dict[str, Any] = {}
+    for run in ("plain", "casync"):
+        model = mlp()
+        ddp = DDP(model, bucket_cap_mb=0.004, static_graph=static_graph)
+        state = None
+        if run == "casync":
+            state = ct.CasyncState(codec=codec, transport="gloo", check_every=check_every)
+            ddp.register_comm_hook(state, ct.comm_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        losses = []
+        with ddp.join():
+            for step in range(batches[rank]):
+                x, y = batch(step % 4, rank)  # a few batches seen again: a loss that falls when training works
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(ddp(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        out[run] = {"params": params(model), "losses": losses}
+        if state is not None:
+            out[run]["steps"] = state.iter
+            state.close()
+    return out
+
+
 def nonfinite(rank: int, world: int) -> dict[str, Any]:
     """NaN in rank 0's gradient at step 3: propagated bit-identically to every rank; under 'skip' the step
     is voided on every rank (zeros) and the residuals stay as they were."""

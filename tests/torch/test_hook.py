@@ -203,6 +203,46 @@ def test_a_sync_failing_on_one_rank_fails_every_rank_at_once_naming_it(tmp_path,
         assert r["elapsed"] < 15, r  # not the 30 s timeout
 
 
+@pytest.mark.parametrize("transport", ["gloo", "direct"])
+def test_a_rank_that_dies_is_named_in_every_survivors_error(transport):
+    """Rank 1 of 3 dies before its step-3 sync: whichever survivor notices first (its receive from worker:1
+    fails) tells the other, and both raise a WorkerLostError that names worker:1, at once."""
+    results = run_ranks("tests.torch.scenarios:dies_in_forward", 3, transport=transport, timeout_s=120)
+    assert isinstance(results[1], RankError) and results[1].kind == "died", results[1]
+    for rank in (0, 2):
+        r = results[rank]
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "WorkerLostError" and r["lost"] == "worker:1", r
+        assert "worker:1 was lost in step 3" in r["message"] or "worker:1 left the group" in r["message"], r
+        assert r["elapsed"] < 15, r  # not the 30 s timeout
+
+
+@pytest.mark.parametrize("batches", [[20, 8], [1, 20]], ids=["8-of-20", "1-of-20"])
+def test_join_with_uneven_inputs_gives_plain_ddps_model_with_codec_none(batches):
+    """Under ``ddp.join()`` a rank out of inputs shadows the others' syncs with zero gradients (DDP calls the hook
+    from its join hook): codec none gives plain DDP's parameters bit for bit, the parameter check compares only
+    the ranks that took the step (a joined rank's are stale until DDP hands it the final model), and a rank that
+    joins before the first compressed step (1 batch) is no exception."""
+    results = ok(run_ranks("tests.torch.scenarios:uneven_join", 2, batches=batches, check_every=1))
+    for r in results:
+        assert r["casync"]["steps"] == max(batches)  # the joined rank counted every step too
+        for name, value in r["plain"]["params"].items():
+            assert np.array_equal(r["casync"]["params"][name], value), name
+    for name, value in results[0]["casync"]["params"].items():  # DDP's final sync: one model on every rank
+        assert np.array_equal(results[1]["casync"]["params"][name], value), name
+
+
+def test_join_with_uneven_inputs_trains_with_onebit():
+    results = ok(run_ranks("tests.torch.scenarios:uneven_join", 2, batches=[20, 8], codec="onebit", check_every=1))
+    for name, value in results[0]["casync"]["params"].items():
+        assert np.array_equal(results[1]["casync"]["params"][name], value), name
+        assert np.isfinite(value).all()
+    for r in results:  # it learns its 4 batches (random targets: slowly) about as plain DDP does
+        losses, plain = r["casync"]["losses"], r["plain"]["losses"]
+        assert np.mean(losses[-4:]) < np.mean(losses[:4]), losses
+        assert np.mean(losses[-4:]) < 1.03 * np.mean(plain[-4:]), (losses, plain)
+
+
 def test_nonfinite_gradients_propagate_or_skip_alike_on_every_rank():
     world = 2
     results = ok(run_ranks("tests.torch.scenarios:nonfinite", world))

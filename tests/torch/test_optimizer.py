@@ -8,7 +8,7 @@ import torch
 
 import casync
 from tests.engines.conformance import SHAPES, step_grads
-from tests.torch.harness import ok, run_ranks
+from tests.torch.harness import RankError, ok, run_ranks
 
 
 def test_synchronized_gradients_are_local_engines_and_accumulate_over_passes():
@@ -65,3 +65,12 @@ def test_grad_scaler_overflow_skips_one_step_and_a_bare_scaler_step_is_refused()
             assert np.array_equal(value, results[0]["params"][name]), name
         assert "were changed after backward but before synchronize()" in r["bare"], r["bare"]
         assert "'0.weight'" in r["bare"]
+
+
+def test_an_op_failing_on_one_rank_fails_every_ranks_step_at_once_naming_it():
+    results = run_ranks("tests.torch.optimizer_scenarios:op_fails", 3)
+    for rank, r in enumerate(results):
+        assert not isinstance(r, RankError), r
+        assert r["kind"] == "SyncError" and "encode failed on purpose" in r["message"], r
+        assert rank == 1 or "worker:1 failed in step 2" in r["message"], r
+        assert r["elapsed"] < 3.5, r  # not the 30 s timeout; and before rank 1's process ends

@@ -10,7 +10,8 @@ import torch
 import casync
 import casync.torch as ct
 from casync.errors import SyncError, SyncTimeoutError, WorkerLostError
-from casync.torch.group import as_sync_error, node_identity
+from casync.torch.group import node_identity
+from casync.transport.torchdist import as_sync_error
 from casync.torch.plans import SyncOptions, plan_for_buckets
 from casync.torch.residuals import check_named, ef_encodes, from_named, to_named
 from casync.torch.runner import plan_fingerprint
