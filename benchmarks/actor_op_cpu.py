@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     from casync.bench.grid import plan_arguments
     from casync.bench.measure import measure_plan
     from casync.bench.predict import make_plan
-    from casync.plan.build import build_plan
+    from casync.build import build_plan
     from casync.runtime.gradients import GradientStore
     from casync.sim.costmodel import ClusterModel
 

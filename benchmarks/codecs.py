@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from casync.sim.profiler import best_time  # noqa: E402
 
-try:  # the engines' processes have torch loaded, and fp16 casts through it there (primitives.codecs.dense.cast)
+try:  # the engines' processes have torch loaded, and fp16 casts through it there (casync.primitives.codecs.dense.cast)
     import torch  # noqa: F401,E402
 except ImportError:
     pass
-from primitives.codecs import available_codecs, get_codec, payload_nbytes  # noqa: E402
-from primitives.codecs.sparse import forget_random_indices  # noqa: E402
+from casync.primitives.codecs import available_codecs, get_codec, payload_nbytes  # noqa: E402
+from casync.primitives.codecs.sparse import forget_random_indices  # noqa: E402
 
 #: Parameters used for codecs that take some (others use their defaults).
 BENCH_SPECS = {"topk": "topk:ratio=0.01", "randomk": "randomk:ratio=0.01"}

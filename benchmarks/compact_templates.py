@@ -1,6 +1,6 @@
 """Compact templates against the full plan: simulated iteration time, ops and simulation time.
 
-    python benchmarks/compact_templates.py [--model resnet50] [--workers 16,64] [--gbps 100] [--out benchmarks/results]
+    python benchmarks/compact_templates.py [--model resnet50] [--workers 16,64] [--gbps 100] [--out benchmarks/results/compact_templates]
 
 For every strategy (PS one- and two-way) x codec (none, onebit) the model's default plan (25 MiB buckets,
 default partitions: whole rotations here) is simulated in full and as its compact template
@@ -21,7 +21,7 @@ from casync.plan.tensors import tensor_specs
 from casync.sim.costmodel import ClusterModel
 from casync.sim.simulator import simulate
 from casync.table import format_table, markdown_table
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 from result_files import write_results
 
 VARIANTS = {"ring": ("ring", True), "allgather": ("allgather", True), "ps-twoway": ("ps", True),
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--workers", default="16,64")
     parser.add_argument("--gbps", type=float, default=100.0)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/compact_templates")
     args = parser.parse_args()
     specs = tensor_specs(args.model)
     rows = []

@@ -2,7 +2,7 @@
 
     python benchmarks/compute_threads.py [--codecs onebit,randomk:ratio=0.01,topk:ratio=0.01]
                                          [--configs ring/onebit,ps-twoway/randomk:ratio=0.01,ring/none]
-                                         [--workers 2] [--rounds 2] [--out benchmarks/results]
+                                         [--workers 2] [--rounds 2] [--out benchmarks/results/compute_threads]
 
 Two measurements, side by side in one run:
 
@@ -34,7 +34,7 @@ PARTITION = 6_400_000  # a quarter of ResNet-50's 25.6M floats
 
 def op_overlap(codec_spec: str, repeats: int = 5) -> dict:
     """Best wall time of four EF encodes one after another, and split over two threads."""
-    from primitives.codecs import get_codec
+    from casync.primitives.codecs import get_codec
 
     codec = get_codec(codec_spec)
     rng = np.random.default_rng(0)
@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--configs", default="ring/onebit,ps-twoway/randomk:ratio=0.01,ring/none")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/compute_threads")
     args = parser.parse_args()
     started, load = time.time(), os.getloadavg()
     ops = [op_overlap(c) for c in args.codecs.split(",")]

@@ -1,7 +1,7 @@
 """CPU floor: what the emulated cluster's 2 shared cores hide (issues #14 and #16).
 
     python benchmarks/cpu_floor.py [--model resnet50] [--workers 4] [--gbps 1,10,25,100]
-                                   [--cores-per-node 2,4] [--out benchmarks/results]
+                                   [--cores-per-node 2,4] [--out benchmarks/results/cpu_floor]
 
 The emulated cluster (``benchmarks/netem``) runs 4 nodes, the Ray head and the baselines on ONE machine with 2
 cores, so every compressed configuration measured there sits near the same ~200 ms however few bytes it sends.
@@ -14,7 +14,7 @@ This script shows that with the simulator instead of asserting it.  For the nete
 * **(b)** the same nodes, each with cores of its own (``cores_per_node=C``, ``host_cores=None``), and with
   ``C:L`` an actor running L ops at once (``compute_lanes=L``: ``RayEngine(compute_threads=L)``);
 
-with the direct plane's calibrated profile (``benchmarks/results/profile_direct_calibrated_threads.json``: ops
+with the direct plane's calibrated profile (``benchmarks/results/cpu_floor/profile_direct_calibrated_threads.json``: ops
 as they ran in loaded Ray actors, and the CPU of the actors' other threads) and with the packaged
 micro-benchmark profile (ops at their profiled speed).
 
@@ -51,7 +51,7 @@ from casync.table import markdown_table
 STRATEGIES = ("ring", "ps-twoway", "allgather")
 CODECS = ("none", "onebit", "randomk:ratio=0.01")
 STANDIN = ("ring", "none")  # casync's stand-in for gloo's bucketed ring all_reduce
-CALIBRATED = "benchmarks/results/profile_direct_calibrated_threads.json"
+CALIBRATED = "benchmarks/results/cpu_floor/profile_direct_calibrated_threads.json"
 #: the issues' goals: {Gbit: {issue: x gloo / DDP allreduce the best casync configuration must reach}}
 GOALS = {1.0: {"#14 (RayEngine)": 8.0, "#16 (DDP hook)": 4.0}, 10.0: {"#14 (RayEngine)": 2.5, "#16 (DDP hook)": 2.0}}
 
@@ -245,7 +245,7 @@ def main() -> None:
                         help="one-way link latency (links.env of the committed netem runs: 9-10 us)")
     parser.add_argument("--profile", default=CALIBRATED, help="calibrated profile (also: the packaged one)")
     parser.add_argument("--measured", default="benchmarks/results", help="where the netem_*/bench.json runs are")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/cpu_floor")
     args = parser.parse_args()
     from result_files import write_results  # benchmarks/ is on sys.path when run as a script
 

@@ -1,7 +1,7 @@
 """How long a RayEngine takes to start and to close, per transport, measured side by side on this machine.
 
     python benchmarks/engine_start.py [--transports direct,gloo,objectstore] [--model resnet50]
-                                      [--workers 4] [--rounds 3] [--out benchmarks/results]
+                                      [--workers 4] [--rounds 3] [--out benchmarks/results/engine_start]
 
 Each round starts and closes one engine per transport, in turn (the machine's load spreads over all of them),
 on an embedded local Ray that is already up; *start* is ``RayEngine(plan)`` returning ready to sync (actors
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default="benchmarks/results/engine_start")
     args = p.parse_args(argv)
     import casync
     from casync.datasets.gradients import model_shapes

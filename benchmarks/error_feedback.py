@@ -1,7 +1,7 @@
 """Does the time-averaged synced gradient converge to the true mean?  Every codec x strategy, with and without
 error feedback.
 
-    python benchmarks/error_feedback.py [--workers 4] [--steps 400] [--out benchmarks/results]
+    python benchmarks/error_feedback.py [--workers 4] [--steps 400] [--out benchmarks/results/error_feedback]
 
 The same gradients (a shared signal plus per-worker noise, below tbq's threshold) are synced ``--steps``
 times on ``LocalEngine``; the table gives ``||mean_t(result_t) - mean_w(grad_w)|| / ||mean_w(grad_w)||`` for
@@ -10,7 +10,7 @@ times on ``LocalEngine``; the table gives ``||mean_t(result_t) - mean_w(grad_w)|
 * **plain** — plain error feedback forced on (the codec's ``ef_sound`` set to True): what casync did for
   every codec before error feedback became ``"auto"``;
 * **auto** — the default: plain error feedback for contractive codecs, error feedback on the contractive
-  version (output scaled by ``1 / (1 + omega)``) for unbiased stochastic codecs (``primitives.feedback``).
+  version (output scaled by ``1 / (1 + omega)``) for unbiased stochastic codecs (``casync.primitives.feedback``).
 
 Writes ``error_feedback.md`` and ``error_feedback.json``.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 import casync
 from casync.table import format_table, markdown_table
-from primitives.codecs import available_codecs, get_codec
+from casync.primitives.codecs import available_codecs, get_codec
 from result_files import write_results
 
 SHAPES = {"w": (4096,), "b": (300,)}
@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/error_feedback")
     args = parser.parse_args()
     grads = gradients(args.workers)
     rows, raw = [], []

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from casync.engines.nonfinite import BucketLayout, scan_worker
-from primitives.codecs import get_codec
-from primitives.finite import all_finite
+from casync.primitives.codecs import get_codec
+from casync.primitives.finite import all_finite
 
 
 def best(fn, repeat: int) -> float:

@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("--workers", default="16,64")
     parser.add_argument("--gbps", default="1,10,25,100")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/planning_speed")
     parser.add_argument("--baseline", default=None, help="another casync checkout to time alongside (interleaved)")
     args = parser.parse_args()
     header = HEADER + (["baseline median s", "speed-up"] if args.baseline else [])

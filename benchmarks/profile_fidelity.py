@@ -1,8 +1,8 @@
 """How well a profile prices the ops of a sync: simulated op CPU per worker against what the engines' ops took.
 
-    python benchmarks/profile_fidelity.py [--profiles packaged,benchmarks/results/profile_before_dataplane.json]
+    python benchmarks/profile_fidelity.py [--profiles packaged,benchmarks/results/profile/profile_before_dataplane.json]
                                           [--configs ring/none,ring/onebit,ps-twoway/randomk:ratio=0.01,...]
-                                          [--iters 5] [--out benchmarks/results]
+                                          [--iters 5] [--out benchmarks/results/profile]
 
 ResNet-50's gradients, 4 workers, each configuration built as ``casync bench`` builds it.  Per configuration:
 
@@ -26,7 +26,7 @@ import time
 from casync.bench.predict import make_plan
 from casync.bench.setup import local_setup
 from casync.datasets.gradients import bucket_layout, make_bucket_buffers
-from casync.engines.executor import WARMUP_SYNCS
+from casync.engines.memory import WARMUP_SYNCS
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
 from casync.table import markdown_table
@@ -69,12 +69,12 @@ def measure_ray(plan, iters: int) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--profiles", default="packaged,benchmarks/results/profile_before_dataplane.json",
+    p.add_argument("--profiles", default="packaged,benchmarks/results/profile/profile_before_dataplane.json",
                    help="comma-separated: 'packaged' or profile JSON paths")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default="benchmarks/results/profile")
     args = p.parse_args()
     import ray
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where RayEngine's sync span goes, against gloo all_reduce and the simulator, on one machine.
 
-    python benchmarks/ray_vs_gloo.py [--iters 5] [--workers 4] [--out benchmarks/results]
+    python benchmarks/ray_vs_gloo.py [--iters 5] [--workers 4] [--out benchmarks/results/one_machine_breakdown]
                                      [--configs ring/none,ring/onebit,ps-twoway/randomk:ratio=0.01]
                                      [--transport NAME[,NAME...]] [--rounds 1] [--model resnet50]
 
@@ -57,7 +57,7 @@ from casync.bench.predict import make_plan, predict
 from casync.bench.runner import machine_info
 from casync.bench.setup import local_setup
 from casync.datasets.gradients import exact_mean, model_numel
-from casync.engines.executor import WARMUP_SYNCS
+from casync.engines.memory import WARMUP_SYNCS
 from casync.sim.costmodel import Profile
 from casync.table import markdown_table
 
@@ -300,13 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--iters", type=int, default=5, help="timed syncs per configuration (after WARMUP_SYNCS warm-ups)")
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--out", default="benchmarks/results/one_machine_breakdown")
     p.add_argument("--model", default="resnet50")
     p.add_argument("--configs", default=",".join(CONFIGS), help="strategy/codec pairs, comma-separated")
     p.add_argument("--transport", default=None, help="RayEngine transport(s), comma-separated (when RayEngine has one)")
     p.add_argument("--profile", default=None,
                    help="the simulator's profile (a casync profile JSON; default: the packaged one). The data-plane "
-                        "goal compares with benchmarks/results/profile_before_dataplane.json")
+                        "goal compares with benchmarks/results/profile/profile_before_dataplane.json")
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat [every configuration, then gloo] this many times and pool the syncs (a shared "
                         "machine's load moves; rounds spread it over all configurations)")

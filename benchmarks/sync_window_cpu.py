@@ -26,7 +26,7 @@ import time
 
 from casync.bench.predict import make_plan
 from casync.bench.setup import local_setup, netem_setup
-from casync.engines.executor import WARMUP_SYNCS
+from casync.engines.memory import WARMUP_SYNCS
 from casync.table import markdown_table
 from result_files import write_results
 

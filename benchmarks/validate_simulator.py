@@ -1,6 +1,6 @@
 """Simulator validation: predicted sync time against RayEngine's measured one, on this machine.
 
-    python benchmarks/validate_simulator.py [--model resnet50] [--iters 7] [--out benchmarks/results]
+    python benchmarks/validate_simulator.py [--model resnet50] [--iters 7] [--out benchmarks/results/simulator_validation]
 
 For each configuration (strategy x codec x 2-4 workers):
 
@@ -26,7 +26,7 @@ import time
 from tqdm.auto import tqdm
 
 import casync
-from casync.engines.executor import WARMUP_SYNCS
+from casync.engines.memory import WARMUP_SYNCS
 from casync.runtime.calibrate import (CALIBRATION_CONFIGS, calibration_plans, fit_direct_runtime, fit_runtime,
                                      measure_dispatch, measure_run, measure_timelines, sync_span)
 from casync.runtime.ray_layer import connect_ray
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="micro-benchmark profile JSON (default: the packaged one)")
     parser.add_argument("--transport", default="direct", choices=["direct", "objectstore"],
                         help="RayEngine's data plane, measured and calibrated")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/simulator_validation")
     args = parser.parse_args()
     base = Profile.load(args.profile) if args.profile else Profile.default()
     cores = os.cpu_count() or 1

@@ -1,7 +1,7 @@
 """What-if: simulated iteration time of uncompressed ring vs the best fixed choice vs the planner (``auto``).
 
     python benchmarks/whatif.py [--models resnet50,vgg16,bert-base,gpt2] [--workers 8,16,64]
-                                [--gbps 1,10,25,100] [--backward-ms 0] [--out benchmarks/results]
+                                [--gbps 1,10,25,100] [--backward-ms 0] [--out benchmarks/results/whatif]
 
 For every model, cluster size (one worker per node, 50 us links) and NIC bandwidth:
 
@@ -31,7 +31,7 @@ from casync.planner import Estimator, Option, backward_ready_times, timeline_est
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
 from casync.table import format_table, markdown_table
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 from result_files import write_results
 
 STRATEGIES = ("ring", "ps", "allgather")
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--latency-us", type=float, default=50.0)
     parser.add_argument("--backward-ms", type=float, default=0.0,
                         help="overlap with a backward pass this long (0: gradients all ready at once)")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/whatif")
     args = parser.parse_args()
     profile = Profile.default()
     models = args.models.split(",")

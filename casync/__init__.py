@@ -4,8 +4,12 @@
     print(plan.summary())
     out = casync.LocalEngine(plan).sync(grads)
 """
-from primitives.codecs import Codec, available_codecs, get_codec, register_codec
-from strategies import Strategy, available_strategies, get_strategy, register_strategy
+from .layout import map_source_checkout
+
+map_source_checkout()  # a checkout on PYTHONPATH, not installed: casync.primitives is its primitives/ folder
+
+from casync.primitives.codecs import Codec, available_codecs, get_codec, register_codec
+from casync.strategies import Strategy, available_strategies, get_strategy, register_strategy
 
 from .engines.contract import Engine
 from .engines.local import LocalEngine
@@ -21,7 +25,7 @@ from .errors import (
     SyncTimeoutError,
     WorkerLostError,
 )
-from .plan.build import build_plan
+from .build import build_plan
 from .plan.models import model_names
 from .plan.specs import Bucket, TensorSpec
 from .plan.syncplan import SyncPlan

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from strategies import available_strategies
+from casync.strategies import available_strategies
 
 from .table import format_table
 
@@ -32,7 +32,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_from_args(args: argparse.Namespace):
-    from .plan.build import build_plan
+    from .build import build_plan
 
     return build_plan(args.model, workers=args.workers, strategy=args.strategy, codec=_codec_arg(args.codec),
                       servers=args.servers, partitions=args.partitions, two_way=not args.one_way,
@@ -114,7 +114,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .plan.build import build_plan
+    from .build import build_plan
     from .planner import backward_ready_times
     from .sim.costmodel import ClusterModel, Profile
     from .sim.simulator import simulate
@@ -159,7 +159,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from .datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy
-    from .engines.executor import WARMUP_SYNCS
+    from .engines.memory import WARMUP_SYNCS
     from .training import Trainer
 
     for flag, value in (("--steps", args.steps), ("--epochs", args.epochs)):
@@ -239,7 +239,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_codecs(args: argparse.Namespace) -> int:
-    from primitives.codecs import available_codecs, get_codec
+    from casync.primitives.codecs import available_codecs, get_codec
 
     rows = []
     for name in available_codecs():
@@ -252,7 +252,7 @@ def cmd_codecs(args: argparse.Namespace) -> int:
 
 def strategy_table(markdown: bool = False) -> str:
     """Every registered strategy with its ops per partition (K partitions, N workers): the README's table."""
-    from strategies import STRATEGIES
+    from casync.strategies import STRATEGIES
 
     from .table import markdown_table
 

@@ -230,7 +230,7 @@ SECOND_PLAN_TRANSFERS = 1 << 24
 
 def plan_transfers(plan: SyncPlan, transfer_base: int = 0) -> list[Any]:
     """Every send -> recv pair of ``plan`` with its id (from ``transfer_base``), ends and exact body size."""
-    from primitives.wire import layout
+    from casync.primitives.wire import layout
 
     from .transport.shm import Transfer
 

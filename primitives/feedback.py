@@ -11,7 +11,7 @@
 * a codec that declares neither (the conservative default of a codec you register) runs without error
   feedback under ``"auto"``, and ``True`` is refused with a ValueError naming it: never a silent no-op.
 
-:func:`primitives.ops.run_encode` applies the contractive version wherever a node with error feedback
+:func:`casync.primitives.ops.run_encode` applies the contractive version wherever a node with error feedback
 encodes with a codec that is not ``ef_sound``, so every engine does exactly the same.
 """
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any, Mapping, MutableMapping, MutableSet, Sequence
 
 import numpy as np
 
-from primitives.codecs import Codec, Payload
+from casync.primitives.codecs import Codec, Payload
 
 from .codecs.residual import buffer_of, materialized
 from .finite import attach, carries_nonfinite, restore, split_nonfinite
@@ -46,7 +46,7 @@ def run_encode(codec: Codec, x: np.ndarray | PendingMerge, seed: int, residuals:
 
     Error feedback encodes with the codec's contractive version (``Codec.encode_contractive``) when plain
     error feedback is not sound for it (``Codec.ef_sound`` is False: unbiased stochastic codecs), so residuals
-    stay bounded (see :mod:`primitives.feedback`).
+    stay bounded (see :mod:`casync.primitives.feedback`).
 
     ``check``: ``x`` may hold NaN/Inf (see :mod:`casync.nonfinite`): those entries are encoded as zero and
     ride along in the payload exactly; the residual is zero there.
@@ -54,9 +54,9 @@ def run_encode(codec: Codec, x: np.ndarray | PendingMerge, seed: int, residuals:
     ``spares``: residual arrays the caller no longer needs, by key (the residuals of two steps back): the new
     residual is written into its key's spare where it fits, so a step allocates no residual memory.
 
-    ``residuals`` may be a :class:`~primitives.residuals.Residuals` store: a codec that ``defers_residual``
+    ``residuals`` may be a :class:`~casync.primitives.residuals.Residuals` store: a codec that ``defers_residual``
     then keeps its new residual deferred there (the same floats, one pass fewer; see
-    :mod:`primitives.codecs.residual`).  A plain dict only ever holds arrays.
+    :mod:`casync.primitives.codecs.residual`).  A plain dict only ever holds arrays.
 
     ``x`` may be a merge still to run (:class:`PendingMerge`): a codec that ``merges_in_encode`` computes it
     block by block as it adds the residual; otherwise it is run first.

@@ -2,7 +2,7 @@
 
 A plain ``dict`` of arrays is what every engine, checkpoint and test reads.  :class:`Residuals` is the same
 mapping, except that an encode may store a residual whose decoded payload is still to be subtracted
-(:class:`~primitives.codecs.residual.DeferredResidual`): the next step's encode of that key then computes it as it
+(:class:`~casync.primitives.codecs.residual.DeferredResidual`): the next step's encode of that key then computes it as it
 adds it.  Whoever else reads a residual gets an array, computed on the spot, so no reader outside the encodes
 ever sees the deferred form.
 """
@@ -21,7 +21,7 @@ class Residuals(MutableMapping):
 
     Reading one (``residuals[key]``, ``get``, ``items``, ``dict(residuals)``, a pickle's reader) gives a float32
     array; a deferred residual is materialized into a fresh array on each read, and nothing stored changes.
-    The encodes (:func:`primitives.ops.run_encode`) use :meth:`raw` and may store deferred residuals, but only
+    The encodes (:func:`casync.primitives.ops.run_encode`) use :meth:`raw` and may store deferred residuals, but only
     in a ``Residuals``: a plain dict handed to them holds arrays only, as before."""
 
     def __init__(self, entries: Mapping[str, Any] | None = None):

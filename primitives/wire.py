@@ -3,7 +3,7 @@
 A codec's payload for ``n`` elements always has the same arrays (names, dtypes, shapes) and exactly
 ``compressed_nbytes(n)`` bytes, so both ends of a transfer know its layout before any byte moves: the
 receiver allocates and posts its buffer ahead, and unpacking is zero-copy (views into the buffer).
-NaN/Inf riding on the side channel (``primitives.finite``) travel as a second buffer, announced by a
+NaN/Inf riding on the side channel (``casync.primitives.finite``) travel as a second buffer, announced by a
 small header.  NumPy only.
 """
 from __future__ import annotations

@@ -1,11 +1,15 @@
 """How one bucket's sync becomes a sub-graph of primitives: one file per strategy, one registry.
 
-    from strategies import Strategy, register_strategy
+    from casync.strategies import Strategy, register_strategy
     register_strategy(MyStrategy())          # build_plan(..., strategy="mine") from then on
 
 Built in: ``ring`` (CaSync-Ring), ``ps`` (CaSync-PS, co-located or dedicated servers) and ``allgather``.
 """
 from __future__ import annotations
+
+if __name__ != "casync.strategies":  # the repository's strategies/ folder, imported by its bare name
+    raise ImportError(f"strategies/ installs as casync.strategies: import that (a bare {__name__!r} would be a second "
+                      "copy of its registry)")
 
 from .allgather import AllGather
 from .base import Strategy, Unit

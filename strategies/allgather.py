@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from primitives.codecs import Codec
-from primitives.ir import worker
+from casync.primitives.codecs import Codec
+from casync.primitives.ir import worker
 
 from .base import Strategy, Unit
 from .builder import GraphBuilder

@@ -4,7 +4,7 @@ A strategy turns one :class:`Unit` (a bucket, already partitioned) into encode /
 decode nodes (:meth:`Strategy.expand`), and tells the rest of casync what that costs: exact op counts
 (plan-size limits, the planner's simulation budget), its default and candidate partition counts, an
 optional symmetric template for simulating huge clusters, and an optional analytical estimate for the
-planner.  Register a new one with :func:`strategies.register_strategy`; the planner, ``build_plan``, the
+planner.  Register a new one with :func:`casync.strategies.register_strategy`; the planner, ``build_plan``, the
 bench grid, the CLI and the docs table read the registry.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from primitives.codecs import Codec
+from casync.primitives.codecs import Codec
 
 if TYPE_CHECKING:
     from .builder import GraphBuilder
@@ -27,7 +27,7 @@ class Unit:
     partitions: tuple[tuple[int, int], ...]
     workers: int
     codec: Codec
-    error_feedback: bool  # resolved for this codec (primitives.feedback.resolve)
+    error_feedback: bool  # resolved for this codec (casync.primitives.feedback.resolve)
     divisor: int  # N for mean, 1 for sum
     priority: int
     servers: int | None = None  # PS: dedicated server actors (None = co-located on workers)
@@ -62,7 +62,7 @@ class Strategy(ABC):
         """Add the nodes of ``unit``'s sync to ``g``."""
 
     def expand_compact(self, g: GraphBuilder, unit: Unit) -> None:
-        """A symmetric template: one representative worker's ops (see ``strategies.ring``); simulation only."""
+        """A symmetric template: one representative worker's ops (see ``casync.strategies.ring``); simulation only."""
         raise ValueError(f"strategy {self.name!r} has no compact template; simulate the full plan "
                          "(assemble_plan(..., compact=False))")
 

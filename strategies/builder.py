@@ -1,4 +1,4 @@
-"""``GraphBuilder``: adds primitive nodes with consistent ids and attributes (see ``primitives.ir``) to a DiGraph.
+"""``GraphBuilder``: adds primitive nodes with consistent ids and attributes (see ``casync.primitives.ir``) to a DiGraph.
 
 Strategies describe a bucket's sync through it: ``encode``, ``decode``, ``merge`` and ``transfer`` (a send on
 one actor and its recv on another).  Node ids read like paths: ``"<bucket>/p<part>/<actor>/<op>[.<tag>]"``.
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from primitives.codecs import Codec, get_codec
-from primitives.ir import OPS
+from casync.primitives.codecs import Codec, get_codec
+from casync.primitives.ir import OPS
 
 if TYPE_CHECKING:
     from .base import Unit
@@ -130,7 +130,7 @@ class GraphBuilder:
                  stage: str, round: int | None = None) -> str:
         """Move ``payload`` from actor ``src`` to ``dst`` as a send/recv pair; returns the recv node.
 
-        ``round``: the send's place in a shifted exchange (see ``primitives.ir``)."""
+        ``round``: the send's place in a shifted exchange (see ``casync.primitives.ir``)."""
         return self._pair(unit, part, payload, src, dst, dst, src, codec_of, stage, round)
 
     def self_transfer(self, unit: Unit, part: int, payload: str, me: str, to: str, came_from: str, codec_of: str,

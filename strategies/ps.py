@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from primitives.codecs import Codec
-from primitives.ir import server, worker
+from casync.primitives.codecs import Codec
+from casync.primitives.ir import server, worker
 
 from .base import Strategy, Unit
 from .builder import IDENTITY, GraphBuilder

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from primitives.codecs.sign import OneBitCodec
+from casync.primitives.codecs.sign import OneBitCodec
 
 
 class GatedOneBit(OneBitCodec):

@@ -1,7 +1,8 @@
-"""The layout stays what the README draws: small modules, no import cycles, dependencies pointing one way."""
+"""The layout stays what docs/design.md draws: small modules, no import cycles, dependencies pointing one way."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,18 +11,20 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("casync", "strategies", "primitives")
+#: each folder of the project and the package it installs as (primitives/ and strategies/ live at the top of the
+#: repository but install under casync's namespace: setup.py's package_dir)
+PACKAGES = {"casync": "casync", "strategies": "casync.strategies", "primitives": "casync.primitives"}
 MAX_LINES = 500
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
-            out[".".join(parts)] = path
+            out[".".join([package] + parts)] = path
     return out
 
 
@@ -95,18 +98,40 @@ def test_no_import_cycles():
 
 def test_import_graph_sees_function_level_imports():
     """The checker itself: a lazy import inside a function is an edge (build_plan dispatches to the planner)."""
-    assert "casync.planner.choose" in imports_of("casync.plan.build") or "casync.planner" in imports_of("casync.plan.build")
+    assert "casync.planner.choose" in imports_of("casync.build") or "casync.planner" in imports_of("casync.build")
 
 
 def test_dependencies_point_one_way():
-    """casync -> strategies -> primitives; primitives knows no graphs, strategies know no engines."""
+    """casync -> casync.strategies -> casync.primitives; primitives knows no graphs, strategies know no engines."""
     graph = import_graph()
     for module in MODULES:
         for target in graph.successors(module):
-            if module.startswith("primitives"):
-                assert target.startswith("primitives"), f"{module} imports {target}"
-            if module.startswith("strategies"):
-                assert not target.startswith("casync"), f"{module} imports {target}"
+            if module.startswith("casync.primitives"):
+                assert target.startswith("casync.primitives"), f"{module} imports {target}"
+            if module.startswith("casync.strategies"):
+                assert target.startswith(("casync.strategies", "casync.primitives")), f"{module} imports {target}"
+
+
+def test_the_plan_layer_imports_no_planner():
+    """build_plan's facade (casync.build) dispatches to the planner; the plan layer below it never does."""
+    graph = import_graph()
+    for module in (m for m in MODULES if m.startswith("casync.plan.") or m == "casync.plan"):
+        reached = nx.descendants(graph, module)
+        assert not any(m.startswith("casync.planner") for m in reached), \
+            f"{module} reaches the planner: {sorted(m for m in reached if m.startswith('casync.planner'))[:3]}"
+
+
+def test_the_bare_folder_names_are_never_imported():
+    """primitives/ and strategies/ install as casync.primitives and casync.strategies: a bare import anywhere
+    (source, tests, benchmarks, examples) would make a second copy of the codec or strategy registry."""
+    bare = re.compile(r"^\s*(from|import)\s+(primitives|strategies)\b", re.M)
+    offenders = [str(path.relative_to(ROOT)) for folder in ("casync", "primitives", "strategies", "tests",
+                                                              "benchmarks", "examples")
+                 for path in (ROOT / folder).rglob("*.py") if bare.search(path.read_text())]
+    assert not offenders, f"bare imports of primitives/strategies in {offenders}"
+    run = subprocess.run([sys.executable, "-c", "import primitives"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert run.returncode != 0 and "installs as casync.primitives" in run.stderr, run.stderr
 
 
 def _imports_named(module: str, name: str) -> bool:
@@ -125,10 +150,24 @@ def test_ray_only_under_runtime_and_training():
     assert not offenders, f"modules outside {allowed} import Ray: {offenders}"
 
 
+def test_a_checkout_on_pythonpath_maps_the_moved_subpackages_itself():
+    """Without an installed mapping (the editable install's finder removed, as on a machine that runs the checkout
+    from PYTHONPATH), casync.primitives and casync.strategies are still the checkout's folders, one copy each."""
+    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in getattr(f, '__name__', '')]; "
+            "import casync, casync.primitives.codecs.sign as s, casync.strategies as st; "
+            "print(s.__file__); print(st.__file__); print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('primitives', 'strategies')))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    sign, strategies, bare = run.stdout.split("\n")[:3]
+    assert Path(sign) == ROOT / "primitives" / "codecs" / "sign.py" and Path(strategies) == ROOT / "strategies" / \
+        "__init__.py" and bare == "[]"
+
+
 def test_primitives_need_only_numpy():
     for module in MODULES:
-        if module.startswith("primitives"):
-            for name in ("networkx", "ray", "torch", "casync", "strategies"):
+        if module.startswith("casync.primitives"):
+            for name in ("networkx", "ray", "torch"):
                 assert not _imports_named(module, name), f"{module} imports {name}"
 
 

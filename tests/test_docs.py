@@ -159,6 +159,17 @@ def test_the_readmes_python_blocks_run_or_point_to_an_example_a_test_runs(tmp_pa
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
 
 
+def test_adding_a_codec_and_a_strategy_run_as_the_guide_shows(tmp_path):
+    """docs/strategies-and-codecs.md's blocks (a codec, its profile, a strategy), in order, in one interpreter."""
+    guide = (ROOT / "docs" / "strategies-and-codecs.md").read_text()
+    blocks = python_blocks(guide)
+    assert len(blocks) >= 3, "the codec, its profile and the strategy"
+    script = tmp_path / "guide.py"
+    script.write_text("\n".join(blocks))
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+
+
 def test_the_readmes_commands_are_the_two_commands():
     assert "pip install -e . && casync bench --quick --out out/" in README
     assert 'pip install -e ".[dev]" && python -m pytest -q' in README

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..datasets.gradients import exact_mean, model_shapes, worker_flat
-from ..engines.executor import WARMUP_SYNCS
+from ..engines.memory import WARMUP_SYNCS
 from ..engines.memory import keep_freed_memory
 from ..sim.costmodel import ClusterModel
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..engines.executor import WARMUP_SYNCS
+from ..engines.memory import WARMUP_SYNCS
 from .baselines import BASELINES
 from .grid import FULL, QUICK, Grid, strategy_labels
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 
 from .labels import (AUTO_CODEC, DEFAULT_TRANSPORT, TRANSPORTS, label_arguments, plan_arguments, split_transport,
                      strategy_labels)

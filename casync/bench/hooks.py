@@ -39,7 +39,7 @@ def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
     """``CasyncState`` keyword arguments of a row (its strategy label's ``build_plan`` arguments, a ``.p<K>``
     partition count included, and codec); an ``auto`` row plans for ``cluster`` (a ``ClusterModel``; rows are
     checked without one)."""
-    from primitives.codecs import get_codec
+    from casync.primitives.codecs import get_codec
 
     from .labels import AUTO_CODEC, label_arguments
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies import STRATEGIES as STRATEGY_REGISTRY
+from casync.strategies import STRATEGIES as STRATEGY_REGISTRY
 
 #: the data plane the measured rows run on unless a label names another (``ring@objectstore``)
 DEFAULT_TRANSPORT = "direct"

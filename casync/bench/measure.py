@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..engines.executor import WARMUP_SYNCS
+from ..engines.memory import WARMUP_SYNCS
 from ..plan.syncplan import SyncPlan
 from ..runtime.gradients import GradientStore
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 
 from ..plan.assemble import (DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, compact_is_exact, make_buckets,
                              name_buckets)
-from ..plan.build import build_plan
+from ..build import build_plan
 from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
 from ..sim.costmodel import ClusterModel, Profile

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from ..datasets.gradients import exact_mean
-from ..engines.executor import WARMUP_SYNCS
+from ..engines.memory import WARMUP_SYNCS
 from ..engines.timeline import op_time_split
 from ..plan.syncplan import SyncPlan
 from ..sim.costmodel import Profile

@@ -5,7 +5,7 @@ sync with a :class:`RankExecutor` over a :class:`~casync.transport.base.Channel`
 
 * the calling thread (and ``compute_threads - 1`` more: NumPy releases the GIL in its array loops, so an actor
   with cores of its own runs that many ops at once, as the simulator's ``ClusterModel.compute_lanes``) runs
-  compute ops (encode / decode / merge, through ``primitives.ops.run_node``, as ``LocalEngine`` does) and hands
+  compute ops (encode / decode / merge, through ``casync.primitives.ops.run_node``, as ``LocalEngine`` does) and hands
   payloads to the senders; among ops whose inputs are there each always takes
   the most urgent (``casync.schedule.priority_key``: bucket priority, then hop), so a partition of an urgent
   bucket overtakes the rest as soon as its data is in (preemption at partition granularity); a decode whose
@@ -41,11 +41,11 @@ from typing import Any, Collection, Mapping
 
 import numpy as np
 
-from primitives.codecs import Codec
-from primitives.ops import run_node
-from primitives.merge import handed_to_encode, handed_to_merge
-from primitives.residuals import Residuals, buffers
-from primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
+from casync.primitives.codecs import Codec
+from casync.primitives.ops import run_node
+from casync.primitives.merge import handed_to_encode, handed_to_merge
+from casync.primitives.residuals import Residuals, buffers
+from casync.primitives.wire import HEADER_WORDS, SIDE_ITEM_BYTES, attach_side, layout, side_channel, side_count
 
 from ..errors import SyncError, SyncTimeoutError
 from ..schedule import ActorShare
@@ -55,13 +55,6 @@ from .lanes import Lane, stop_lanes
 from .messages import ABORTED, HEADER_TAG, HeaderLedger, abort_error, abort_reason, body_tag, side_tag
 from .nonfinite import GradientScan, NonFiniteReport, PartitionScans, certifiers
 from .threadclock import run_queue_wait
-
-#: Syncs a host (Ray actor, DDP rank) runs before it stops allocating: the first faults in its result buffers
-#: and residuals, the second a second set of residuals (``begin``'s ``spares``: the residuals a step reads are
-#: never written), and from the third on each step writes where the one two back did.  The second sync of a
-#: ResNet-50 ring/onebit actor faults ~10k pages and takes ~25 ms more CPU than the third: a benchmark times
-#: steady state after this many untimed syncs.
-WARMUP_SYNCS = 2
 
 
 class RankExecutor:
@@ -97,8 +90,8 @@ class RankExecutor:
             self._to_peer[ops[i].peer] = self._to_peer.get(ops[i].peer, 0) + 1
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
         self._sizes = {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}  # each bucket's numel
-        # decodes whose one reader is a merge: the merge decodes them block by block (primitives.ops.Deferred);
-        # merges whose one reader is an error-feedback encode: the encode computes them (primitives.ops.PendingMerge)
+        # decodes whose one reader is a merge: the merge decodes them block by block (casync.primitives.ops.Deferred);
+        # merges whose one reader is an error-feedback encode: the encode computes them (casync.primitives.ops.PendingMerge)
         self._deferred = {i for i, op in enumerate(ops)
                           if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])
                           or handed_to_encode(op.attrs, [ops[c].attrs for c in op.consumers])}

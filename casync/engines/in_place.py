@@ -8,7 +8,7 @@ The plan says so statically (a happened-before relation is a path in its graph):
 
 * no op that writes a partition's result (``output``) reads that partition's gradient itself;
 * every op that reads it — and the encode a merge of it is handed to, which reads it later
-  (``primitives.merge.PendingMerge``) — is an ancestor of every op that writes the result;
+  (``casync.primitives.merge.PendingMerge``) — is an ancestor of every op that writes the result;
 * a payload an encode makes straight from the gradient may be a view of it (codec ``none``), and is read by
   a sender thread after the send op: its arrival (the receive) must be an ancestor of the result's writers too.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 import networkx as nx
 
-from primitives.merge import handed_to_encode
+from casync.primitives.merge import handed_to_encode
 
 from ..plan.syncplan import SyncPlan
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from primitives.ir import rank_of
-from primitives.ops import run_node
+from casync.primitives.ir import rank_of
+from casync.primitives.ops import run_node
 
 from ..plan.syncplan import SyncPlan
 from .contract import EngineBase

@@ -16,6 +16,13 @@ import os
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 
+#: Syncs a host (Ray actor, DDP rank) runs before it stops allocating: the first faults in its result buffers
+#: and residuals, the second a second set of residuals (``begin``'s ``spares``: the residuals a step reads are
+#: never written), and from the third on each step writes where the one two back did.  The second sync of a
+#: ResNet-50 ring/onebit actor faults ~10k pages and takes ~25 ms more CPU than the third: a benchmark times
+#: steady state after this many untimed syncs.
+WARMUP_SYNCS = 2
+
 
 def keep_freed_memory() -> bool:
     """Apply the settings above to this process (idempotent); False where they cannot apply (not glibc,

@@ -1,7 +1,7 @@
 """What the per-rank executors send each other besides payload bodies: the tags, and abort notices.
 
 Every transfer of a step is a body (``body_tag``), when NaN/Inf rode along a side channel (``side_tag``), and a
-header naming it (``HEADER_TAG``, :data:`primitives.wire.HEADER_WORDS` int64 words: transfer, step, side entries,
+header naming it (``HEADER_TAG``, :data:`casync.primitives.wire.HEADER_WORDS` int64 words: transfer, step, side entries,
 spare), which the receiver posts ahead, so headers from a peer fill in the order the peer sends them.  An actor
 whose step fails, over a channel whose abort tells no peer (a torch.distributed group, where a receive waits for
 its own peer and tag alone), sends each peer still waiting for a header from it an *abort header* (transfer
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from primitives.wire import HEADER_WORDS
+from casync.primitives.wire import HEADER_WORDS
 
 from ..errors import SyncError, WorkerLostError
 

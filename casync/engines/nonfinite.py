@@ -9,12 +9,12 @@
 * ``"propagate"``: the values flow to every worker's result, bit-identical on every worker, at exactly the
   positions where they occurred (as an uncompressed all-reduce would put them).
 
-Detection is one pass per worker gradient (:func:`primitives.finite.all_finite`, about half the time of a
+Detection is one pass per worker gradient (:func:`casync.primitives.finite.all_finite`, about half the time of a
 onebit encode); :func:`scan_worker` names what it finds, on the driver before a step, and an executor's
 :class:`GradientScan` partition by partition inside the ops, for gradients the driver never held (or, where
 an error-feedback encode whose payload tells whether its input was finite is a partition's only reader, after
 that encode, and only when the payload says it was not: :func:`certifiers`).  Inside a
-sync, payloads carry NaN/Inf on a side channel (``primitives.finite``), so every codec delivers them exactly;
+sync, payloads carry NaN/Inf on a side channel (``casync.primitives.finite``), so every codec delivers them exactly;
 merges propagate them as float arithmetic does; error-feedback residuals stay finite (zero where the value
 travelled exactly).
 """
@@ -27,7 +27,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
-from primitives.finite import all_finite, nonfinite_positions
+from casync.primitives.finite import all_finite, nonfinite_positions
 
 from ..errors import NonFiniteGradientError
 

@@ -18,7 +18,7 @@ def residual_shapes(plan: SyncPlan) -> dict[str, int]:
 
 @dataclass
 class EngineState:
-    """Residuals keyed by ``"<role>/<tensor>/<part>"`` (see ``strategies.base``) plus the iteration count."""
+    """Residuals keyed by ``"<role>/<tensor>/<part>"`` (see ``casync.strategies.base``) plus the iteration count."""
 
     step: int = 0
     residuals: dict[str, np.ndarray] = field(default_factory=dict)

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
-from primitives import feedback
-from primitives.codecs import Codec, get_codec
-from strategies import Unit, get_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import Codec, get_codec
+from casync.strategies import Unit, get_strategy
 
 from .lint import lint
 from .specs import Bucket, Member, TensorSpec, split_even
@@ -168,7 +168,7 @@ def assemble_plan(specs: list[TensorSpec], workers: int, groups: list[tuple[str,
     fewer elements than that is an error.  A strategy without an exact template for its configuration
     (PS with dedicated servers) raises ValueError rather than approximate.
 
-    ``error_feedback`` (``"auto"``, True or False) is resolved per bucket by :func:`primitives.feedback.resolve`
+    ``error_feedback`` (``"auto"``, True or False) is resolved per bucket by :func:`casync.primitives.feedback.resolve`
     (each bucket records the result); the plan's options keep what was asked.
 
     Buckets of one structure (strategy, codec, partition count, ...) are expanded once and stamped

@@ -10,9 +10,9 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING
 
-from primitives import feedback
-from primitives.codecs import get_codec
-from strategies import get_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import get_codec
+from casync.strategies import get_strategy
 
 from ..table import human_bytes
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import networkx as nx
 
-from primitives.codecs import Codec, get_codec
-from primitives.ir import RENAMED_ATTRS
-from strategies import STRATEGIES
+from casync.primitives.codecs import Codec, get_codec
+from casync.primitives.ir import RENAMED_ATTRS
+from casync.strategies import STRATEGIES
 
 from ..errors import PlanError, PlanFormatError
 from .checks import NONFINITE_MODES
@@ -218,7 +218,7 @@ def _read_buckets(r: _Reader, data: dict, specs: list[TensorSpec]) -> list[Bucke
 
 
 def _read_graph(r: _Reader, data: dict, workers: int, version: int) -> nx.DiGraph:
-    """The node and edge lists as a DiGraph, every node's attributes typed (``primitives.ir``)."""
+    """The node and edge lists as a DiGraph, every node's attributes typed (``casync.primitives.ir``)."""
     graph_data = r.mapping(data, "graph", "")
     graph = nx.DiGraph()
     for i, item in enumerate(r.array(graph_data, "nodes", "graph")):

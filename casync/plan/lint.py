@@ -1,6 +1,6 @@
 """``lint(plan)``: check a plan against the rules of the IR, as ``torch.fx.Graph.lint`` does for its graphs.
 
-Every node carries the attributes ``primitives.ir`` lists for its primitive, with values of the right
+Every node carries the attributes ``casync.primitives.ir`` lists for its primitive, with values of the right
 type; it belongs to a bucket and partition of the plan; data crosses actors only through a send -> recv
 pair of the same codec and size; merges take their inputs in consecutive slots; every worker has exactly
 one output node per partition; every payload is decoded with the codec that encoded it; error feedback
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from primitives.ir import COMMON_ATTRS, NODE_ATTRS, OPS, OPTIONAL_ATTRS, Actor
+from casync.primitives.ir import COMMON_ATTRS, NODE_ATTRS, OPS, OPTIONAL_ATTRS, Actor
 
 from ..errors import PlanError
 

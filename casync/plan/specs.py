@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from primitives.codecs import Codec
+from casync.primitives.codecs import Codec
 
 
 @dataclass(frozen=True)

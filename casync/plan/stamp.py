@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator
 
 import networkx as nx
 
-from primitives.codecs import Codec
-from strategies import GraphBuilder, Unit, stable_hash
+from casync.primitives.codecs import Codec
+from casync.strategies import GraphBuilder, Unit, stable_hash
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``SyncPlan``: the one data structure every engine shares — a DAG of primitives plus what it was built from.
 
-The plan says *what* happens (plain-data node attributes, see DESIGN.md); engines decide *how*.
+The plan says *what* happens (plain-data node attributes, see docs/design.md); engines decide *how*.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, Iterator
 
 import networkx as nx
 
-from primitives.codecs import Codec
-from primitives.ir import OPS, Actor
-from strategies import get_strategy
+from casync.primitives.codecs import Codec
+from casync.primitives.ir import OPS, Actor
+from casync.strategies import get_strategy
 
 from ..table import format_table, human_bytes
 from .specs import Bucket, Member, TensorSpec

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from primitives.codecs import Codec, get_codec
-from strategies import STRATEGIES, get_strategy
+from casync.primitives.codecs import Codec, get_codec
+from casync.strategies import STRATEGIES, get_strategy
 
 from ..plan.assemble import MIN_PARTITION_NUMEL, BucketChoice, effective_partitions
 from ..plan.checks import check_partitions

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from primitives import feedback
+from casync.primitives import feedback
 
 from ..plan.assemble import DEFAULT_BUCKET_BYTES, assemble_plan, given_groups
 from ..plan.checks import check_bool, check_int, check_op

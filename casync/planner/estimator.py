@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from primitives import feedback
-from primitives.codecs import Codec
-from primitives.ir import Actor
-from primitives.merge import merges_in_encode
-from strategies import IDENTITY, get_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import Codec
+from casync.primitives.ir import Actor
+from casync.primitives.merge import merges_in_encode
+from casync.strategies import IDENTITY, get_strategy
 
 from ..sim.costmodel import ClusterModel, Profile
 from ..sim.optable import merged_inputs
@@ -125,8 +125,8 @@ class Estimator:
 
     def dec_merged(self, codec: Codec, n: int) -> float:
         """Seconds for a decode only a merge reads, as the simulator prices it (``casync.sim.optable.cost_key``):
-        a sparsifier's is handed to the merge as its entries (``primitives.merge.Sparse``), a block decoder's
-        is decoded block by block as the merge adds (``primitives.merge.Deferred``)."""
+        a sparsifier's is handed to the merge as its entries (``casync.primitives.merge.Sparse``), a block decoder's
+        is decoded block by block as the merge adds (``casync.primitives.merge.Deferred``)."""
         if codec.decodes_sparse:
             return self.profile.entries_s(str(codec), n)
         return self.profile.deferred_s(str(codec), n) if codec.decodes_in_blocks else self.dec(codec, n)

@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from primitives import feedback
-from primitives.codecs import Codec, get_codec
-from strategies import get_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import Codec, get_codec
+from casync.strategies import get_strategy
 
 from ..plan.assemble import (BucketChoice, assemble_plan, bucket_partitions, bucket_priority, compact_is_exact,
                              effective_partitions, make_buckets, name_buckets, structure_key)

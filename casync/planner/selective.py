@@ -123,25 +123,3 @@ def threshold_plan(planner: Planner, assign: Sequence[int], strict: bool = False
     limit = times[best][0] + (max(1e-9, 1e-6 * times[best][0]) if strict else min_gain(times[best][0]))
     chosen = min(k for k in range(best + 1) if times[k][0] < limit)  # ties go to less compression
     return plans[chosen]
-
-
-def is_monotone(planner: Planner, assign: Sequence[int]) -> bool:
-    """Whether ``assign`` follows the size rule: compression a threshold in size, partitions non-decreasing
-    with size per strategy."""
-    rows = sorted((planner.buckets[b].numel, j not in planner.buckets[b].baseline,
-                   planner.buckets[b].options[j].strategy, planner.buckets[b].options[j].partitions)
-                  for b, j in enumerate(assign))
-    seen_packed: set[int] = set()
-    for numel, packed, _, _ in rows:
-        if packed:
-            seen_packed.add(numel)
-    smallest = min(seen_packed, default=None)
-    if smallest is not None and any(not packed and numel >= smallest for numel, packed, _, _ in rows):
-        return False
-    most: dict[str, tuple[int, int]] = {}
-    for numel, _, strategy, k in rows:
-        prev = most.get(strategy)
-        if prev is not None and (k < prev[1] or (numel == prev[0] and k != prev[1])):
-            return False
-        most[strategy] = (numel, k)
-    return True

@@ -1,6 +1,6 @@
 """How many transfer slots a shifted all-to-all exchange takes under the schedule's list scheduling.
 
-The PS and all-gather estimates (``strategies.ps``, ``strategies.allgather``) use it: the simulator never
+The PS and all-gather estimates (``casync.strategies.ps``, ``casync.strategies.allgather``) use it: the simulator never
 backfills a NIC, so the order in which sends become ready decides how long an exchange takes.
 """
 from __future__ import annotations

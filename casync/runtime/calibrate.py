@@ -33,9 +33,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from primitives.ir import COMPUTE_OPS
+from casync.primitives.ir import COMPUTE_OPS
 
-from ..engines.executor import WARMUP_SYNCS
+from ..engines.memory import WARMUP_SYNCS
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
 from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts, scale_key
@@ -326,7 +326,7 @@ def calibration_tensors(count: int = 40, smallest: int = 20_000, largest: int = 
 def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CALIBRATION_CONFIGS) -> list[SyncPlan]:
     """The default calibration plans: ``configs`` over :func:`calibration_tensors` at ``workers`` workers
     (at most the machine's cores, so op times are not time-sliced between actors)."""
-    from ..plan.build import build_plan
+    from ..build import build_plan
 
     tensors = calibration_tensors()
     return [build_plan(tensors, workers=workers, strategy=s, codec=c) for s, c in configs]
@@ -344,7 +344,7 @@ class MeasuredRun:
 def measure_run(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0, transport: str = "objectstore",
                 warmup: int = WARMUP_SYNCS) -> MeasuredRun:
     """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: ``warmup`` untimed steps (default:
-    until the actors allocate nothing new, ``casync.engines.executor.WARMUP_SYNCS``), then ``iters`` steps."""
+    until the actors allocate nothing new, ``casync.engines.memory.WARMUP_SYNCS``), then ``iters`` steps."""
     from ..engines.inputs import flatten_worker_grads, random_grads
     from .ray_engine import RayEngine
 
@@ -410,7 +410,7 @@ def measure_dispatch(iters: int = 20, tensors: int = 48, workers: int = 2) -> fl
     import ray
 
     from ..engines.inputs import flatten_worker_grads, random_grads
-    from ..plan.build import build_plan
+    from ..build import build_plan
     from .ray_engine import RayEngine
 
     plan = build_plan([(f"tiny{i}", (256,)) for i in range(tensors)], workers=workers, strategy="ring",

@@ -15,9 +15,9 @@ from typing import Any, Iterable
 import numpy as np
 import ray
 
-from primitives.codecs import Codec
-from primitives.codecs.dense import FP16Codec
-from primitives.ir import Actor
+from casync.primitives.codecs import Codec
+from casync.primitives.codecs.dense import FP16Codec
+from casync.primitives.ir import Actor
 
 from ..engines.executor import RankExecutor
 from ..engines.memory import keep_freed_memory
@@ -29,7 +29,7 @@ from .shared_results import NoRoomError, SharedResults, room_for
 
 def load_torch_casts(codecs: Iterable[Codec]) -> bool:
     """Import PyTorch where one of ``codecs`` is fp16 and torch is installed, so fp16's casts
-    (``primitives.codecs.dense.cast``) take PyTorch's F16C kernels, a tenth of NumPy's time, in an actor that has
+    (``casync.primitives.codecs.dense.cast``) take PyTorch's F16C kernels, a tenth of NumPy's time, in an actor that has
     no other use for torch (on one machine the data plane needs none); a torch this call imports runs on one
     thread, one op on one core like the rest of the ops.  Returns whether torch is loaded."""
     if "torch" in sys.modules:

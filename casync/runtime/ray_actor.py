@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from primitives.ir import Actor
-from primitives.ops import run_node
+from casync.primitives.ir import Actor
+from casync.primitives.ops import run_node
 
 from ..engines.memory import keep_freed_memory
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, scan_worker

@@ -96,7 +96,7 @@ def _executor_overhead(tensors: int = 48, steps: int = 20) -> float:
     import threading
 
     from ..engines.executor import RankExecutor
-    from ..plan.build import build_plan
+    from ..build import build_plan
     from ..schedule import actor_shares, compile_program
     from ..transport.base import LocalHub
 

@@ -160,7 +160,7 @@ class Profile:
         return self._codec_entry(codec_key)["decode"](n) * self._scale(runtime, "decode", codec_key)
 
     def entries_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
-        """A sparsifier's decode handed to its merge (``primitives.merge.Sparse``): its entries, and adding
+        """A sparsifier's decode handed to its merge (``casync.primitives.merge.Sparse``): its entries, and adding
         them into the merge's sum.  Profiles without an ``entries`` cost price it as a whole decode."""
         entry = self._codec_entry(codec_key)
         return entry.get("entries", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
@@ -170,7 +170,7 @@ class Profile:
         return "deferred" in self._codec_entry(codec_key)
 
     def deferred_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
-        """A decode handed to its merge block by block (``primitives.merge.Deferred``): what one more such
+        """A decode handed to its merge block by block (``casync.primitives.merge.Deferred``): what one more such
         payload adds to a merge, decoding and adding it (through the codec's one-pass merge where it has one);
         the merge is then charged one accumulator pass plus its dense inputs.  Profiles without a ``deferred``
         cost price it as a whole decode, and the merge charges it as a dense input."""

@@ -25,9 +25,9 @@ from typing import Any, Sequence
 
 import networkx as nx
 
-from primitives.codecs import codec_class
-from primitives.ir import OPS
-from primitives.merge import handed_to_encode, handed_to_merge, merges_in_encode
+from casync.primitives.codecs import codec_class
+from casync.primitives.ir import OPS
+from casync.primitives.merge import handed_to_encode, handed_to_merge, merges_in_encode
 
 from ..schedule import hop_rounds
 
@@ -187,8 +187,8 @@ class OpTable:
 
 
 def handed_decodes(graph: nx.DiGraph) -> dict[Any, str]:
-    """Decodes the per-rank executor hands to their merge (``primitives.ops.run_node``, by the executor's own
-    rule :func:`primitives.merge.handed_to_merge`): ``"entries"`` for a codec with ``decodes_sparse`` (a
+    """Decodes the per-rank executor hands to their merge (``casync.primitives.ops.run_node``, by the executor's own
+    rule :func:`casync.primitives.merge.handed_to_merge`): ``"entries"`` for a codec with ``decodes_sparse`` (a
     sparsifier's index/value pairs), ``"deferred"`` for one with ``decodes_in_blocks`` (decoded block by block
     as the merge adds)."""
     kinds: dict[str, str | None] = {}
@@ -238,8 +238,8 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, ha
 
 def folded_merge(graph: nx.DiGraph, node: Any, attrs: dict[str, Any]) -> bool:
     """Whether the per-rank executor hands this merge to the error-feedback encode that reads it, which
-    computes it as it adds its residual (:func:`primitives.merge.handed_to_encode` and
-    :func:`primitives.merge.merges_in_encode`): the merged tensor is never written and read back, so the
+    computes it as it adds its residual (:func:`casync.primitives.merge.handed_to_encode` and
+    :func:`casync.primitives.merge.merges_in_encode`): the merged tensor is never written and read back, so the
     merge is charged one input pass fewer."""
     readers = [graph.nodes[v] for v in graph._succ[node]]
     if not handed_to_encode(attrs, readers):

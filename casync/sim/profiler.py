@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from primitives.codecs import available_codecs, get_codec
-from primitives.codecs.sparse import forget_random_indices
-from primitives.merge import Deferred
-from primitives.ops import run_encode, run_merge
+from casync.primitives.codecs import available_codecs, get_codec
+from casync.primitives.codecs.sparse import forget_random_indices
+from casync.primitives.merge import Deferred
+from casync.primitives.ops import run_encode, run_merge
 
 from .costmodel import LinearCost, Profile
 
@@ -93,7 +93,7 @@ def profile_codecs(codecs: Iterable[str] = DEFAULT_CODECS, sizes: Iterable[int] 
     """encode, encode with error feedback, and decode cost of each codec, fitted over ``sizes``.
 
     PyTorch is imported first where it is installed, on one thread: every engine's processes (Ray actors,
-    DDP ranks, the Trainer) have it loaded, and fp16 casts through it there (``primitives.codecs.dense.cast``),
+    DDP ranks, the Trainer) have it loaded, and fp16 casts through it there (``casync.primitives.codecs.dense.cast``),
     one op on one core."""
     try:
         import torch
@@ -144,7 +144,7 @@ def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
 
 
 def _deferred_time(codec: Any, x: np.ndarray, out: np.ndarray, reps: int, before: Callable[[], object]) -> float:
-    """Seconds one more :class:`~primitives.merge.Deferred` payload adds to a merge (as an all-gather's or a
+    """Seconds one more :class:`~casync.primitives.merge.Deferred` payload adds to a merge (as an all-gather's or a
     server's runs, through the codec's one-pass merge where it has one): half the difference between merging
     four distinct payloads and two, the accumulator's own pass cancelling out (never below zero)."""
     payloads = [Deferred(codec, codec.encode(x * np.float32(k + 1), 1), x.size) for k in range(4)]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from strategies import BUILT_IN, get_strategy, register_strategy
+from casync.strategies import BUILT_IN, get_strategy, register_strategy
 
 from ..engines.collector import freeze_setup_heap
 from ..engines.contract import EngineBase, fresh_results

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from primitives import feedback
-from primitives.codecs import get_codec
-from strategies import get_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import get_codec
+from casync.strategies import get_strategy
 
 from ..plan.assemble import BucketChoice, assemble_plan, name_buckets
-from ..plan.build import build_plan
+from ..build import build_plan
 from ..plan.checks import check_bool, check_int, check_nonfinite, check_op, check_partitions
 from ..plan.specs import TensorSpec
 from ..plan.syncplan import SyncPlan

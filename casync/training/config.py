@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 
 from ..sim.costmodel import ClusterModel, Profile
 

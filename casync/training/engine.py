@@ -15,7 +15,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayTaskError
 
-from primitives.ir import Actor
+from casync.primitives.ir import Actor
 
 from ..engines.nonfinite import layouts
 from ..engines.timeline import TimelineBuffer, op_rows

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from primitives.codecs import Codec
+from casync.primitives.codecs import Codec
 
 from ..engines.executor import RankExecutor
 from ..engines.memory import keep_freed_memory

@@ -13,13 +13,13 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from primitives.codecs import Codec, get_codec
+from casync.primitives.codecs import Codec, get_codec
 
 from ..engines.nonfinite import NonFiniteReport, raise_if_raising, voids_step
 from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, ReplicaMismatchError
 from ..plan.assemble import BucketChoice, assemble_plan
-from ..plan.build import build_plan
+from ..build import build_plan
 from ..plan.syncplan import SyncPlan
 from .checkpoint import read_checkpoint, write_checkpoint
 from .config import codec_from_json, codec_to_json, options_from_json, options_to_json

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from primitives.codecs import Codec
+from casync.primitives.codecs import Codec
 
 from ..engines.nonfinite import BucketLayout, NonFiniteReport, voids_step
 from ..errors import SyncError

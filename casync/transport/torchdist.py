@@ -53,17 +53,6 @@ def host_store(timeout_s: float, host: str = "127.0.0.1") -> Any:
                          timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def node_address() -> str:
-    """This machine's address as other nodes see it (the one a UDP socket towards a public address would use),
-    127.0.0.1 when it has no route out."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("10.255.255.255", 1))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
-
-
 def interface_of(address: str) -> str | None:
     """The network interface that holds IPv4 ``address`` on this machine (Linux), or None."""
     import fcntl

@@ -2,7 +2,7 @@
 
 Usage::
 
-    from primitives.codecs import get_codec
+    from casync.primitives.codecs import get_codec
     c = get_codec("topk:ratio=0.01")       # or ("topk", {"ratio": 0.01}), or c.spec()
     payload = c.encode(x, seed=0)          # dict of NumPy arrays; x: 1-D float32
     y = c.decode(payload, x.size)          # fresh float32 array

@@ -57,7 +57,7 @@ __attribute__((target("avx2"))) static inline __m256 decode8(uint8_t byte, __m25
     return _mm256_xor_ps(scale, _mm256_castsi256_ps(_mm256_and_si256(set, _mm256_set1_epi32((int)0x80000000u))));
 }
 
-/* Elements k..k+7 of the merge: its terms added left to right, then divided (as primitives.merge.run_merge). */
+/* Elements k..k+7 of the merge: its terms added left to right, then divided (as casync.primitives.merge.run_merge). */
 __attribute__((target("avx2"))) static inline __m256 merged8(const Sweep *a, const __m256 *scale, __m256 divisor,
                                                             Py_ssize_t k) {
     __m256 v = a->array_at == 0 ? _mm256_loadu_ps(a->array + k) : decode8(a->payload[0][k >> 3], scale[0]);

@@ -25,8 +25,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def merges_pending(encode_feedback: F) -> F:
-    """Mark an ``encode_feedback`` that takes a merge still to run as ``x`` (``primitives.merge.PendingMerge``):
-    the per-rank executor hands one only to a method so marked (``primitives.merge.merges_in_encode``)."""
+    """Mark an ``encode_feedback`` that takes a merge still to run as ``x`` (``casync.primitives.merge.PendingMerge``):
+    the per-rank executor hands one only to a method so marked (``casync.primitives.merge.merges_in_encode``)."""
     encode_feedback.merges_pending = True  # type: ignore[attr-defined]
     return encode_feedback
 
@@ -49,7 +49,7 @@ class Codec(ABC):
     feedback then lets residuals grow without bound.  Such a codec sets ``ef_sound = False`` and, if it can,
     implements :meth:`encode_contractive`: the payload scaled by ``1 / (1 + omega(x))``, which is contractive
     (``E||x - C'(x)||^2 = omega / (1 + omega) ||x||^2``) and is what error feedback then encodes with
-    (``primitives.ops.run_encode``).  ``ef_sound`` defaults to False, the conservative answer for a codec
+    (``casync.primitives.ops.run_encode``).  ``ef_sound`` defaults to False, the conservative answer for a codec
     that does not say: with ``error_feedback="auto"`` (the default) it then runs without error feedback,
     and an explicit ``error_feedback=True`` is refused unless it offers :meth:`encode_contractive`.
 
@@ -143,11 +143,11 @@ class Codec(ABC):
         """``(indices, values)`` such that ``decode(payload, n)`` is ``values`` at ``indices`` (strictly
         ascending) and +0.0 everywhere else, for codecs with ``decodes_sparse``; None where this payload's
         indices are not strictly ascending (the caller then decodes it whole).  A merge adds such entries at
-        their indices instead of adding a decoded tensor of zeros (``primitives.merge``)."""
+        their indices instead of adding a decoded tensor of zeros (``casync.primitives.merge``)."""
         raise NotImplementedError(f"codec {self.name!r} does not decode to sparse entries")
 
     def fused_merge(self, inputs: Any, divisor: int) -> Any:
-        """A one-pass merge of ``inputs`` (arrays and ``primitives.merge.Deferred`` decodes of this codec's
+        """A one-pass merge of ``inputs`` (arrays and ``casync.primitives.merge.Deferred`` decodes of this codec's
         payloads) with ``block(start, stop, out) -> cut`` writing the merge's ``[start, cut)`` into ``out``, or None
         (the default): the merge then decodes and adds block by block.  Bit for bit that merge where given."""
         return None
@@ -170,7 +170,7 @@ class Codec(ABC):
         buffer) or a fresh array.  The default adds, then :meth:`encode_keep_error`; a codec may fuse the add
         into its own sweep, with the same floats.
 
-        ``x`` may be a merge still to run (``primitives.merge.PendingMerge``) where this method is marked
+        ``x`` may be a merge still to run (``casync.primitives.merge.PendingMerge``) where this method is marked
         :func:`merges_pending` (an override is not, unless marked too): read it with :func:`feedback_input`,
         :func:`add_block` and :func:`summed`, which compute its blocks as they add."""
         corrected = summed(x, residual, out)
@@ -179,7 +179,7 @@ class Codec(ABC):
     def encode_feedback_deferred(self, x: np.ndarray, residual: Any, seed: int = 0,
                                  out: np.ndarray | None = None) -> tuple[Payload, Any]:
         """:meth:`encode_feedback` without its last pass, for codecs with ``defers_residual``: the same payload,
-        and the next residual as a ``primitives.codecs.residual.DeferredResidual`` of the corrected input (in
+        and the next residual as a ``casync.primitives.codecs.residual.DeferredResidual`` of the corrected input (in
         ``out`` or a fresh array) and the payload.  ``residual`` may be an array or such a deferred residual,
         whose blocks are computed as they are added (the same floats as adding its materialized array)."""
         raise NotImplementedError(f"codec {self.name!r} does not defer its residuals")
@@ -194,7 +194,7 @@ class Codec(ABC):
         """A payload that decodes to ``lambda * C(x)``, ``lambda = 1 / (1 + omega(x))`` with ``omega(x)`` the
         codec's variance factor at ``x``: the contractive version of an unbiased codec, for error feedback.
         Same wire size as :meth:`encode`.  Codecs with ``ef_sound = False`` may implement it; the default
-        has none (then error feedback is off for the codec, see :func:`primitives.feedback.resolve`)."""
+        has none (then error feedback is off for the codec, see :func:`casync.primitives.feedback.resolve`)."""
         raise NotImplementedError(f"codec {self.name!r} has no contractive version for error feedback")
 
     @property
@@ -329,7 +329,7 @@ def as_input(x: Any) -> np.ndarray:
 
 def feedback_input(x: Any) -> Any:
     """An error-feedback encode's input: :func:`as_input` of an array; a merge still to run
-    (``primitives.merge.PendingMerge``, anything with ``into``) as it is."""
+    (``casync.primitives.merge.PendingMerge``, anything with ``into``) as it is."""
     return x if hasattr(x, "into") else as_input(x)
 
 

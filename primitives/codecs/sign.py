@@ -93,7 +93,7 @@ class OneBitCodec(Codec):
         """The payload of ``x``, or with ``addend`` of ``out = x + addend`` (written block by block as it is
         encoded; ``x`` may then be a merge still to run, ``addend`` a residual still to compute).  One sweep:
         each block is read from memory once, then hit in cache; where the C kernel takes the inputs
-        (:mod:`primitives.codecs.sign_kernel`), in one pass, with the same floats."""
+        (:mod:`casync.primitives.codecs.sign_kernel`), in one pass, with the same floats."""
         src = x if addend is None else out
         n = x.size
         bits = np.empty((n + 7) // 8, np.uint8)
@@ -128,7 +128,7 @@ class OneBitCodec(Codec):
 
     def fused_merge(self, inputs: Any, divisor: int) -> sign_kernel.FusedMerge | None:
         """An all-gather's (or a one-way server's) decode-and-sum of onebit payloads in one pass, where the C
-        kernel takes them (:func:`primitives.codecs.sign_kernel.bind_merge`)."""
+        kernel takes them (:func:`casync.primitives.codecs.sign_kernel.bind_merge`)."""
         return sign_kernel.bind_merge(inputs, divisor, OneBitCodec)
 
     def input_was_finite(self, payload: Payload) -> bool:

@@ -1,6 +1,6 @@
 """onebit's encode sweep, and merges of its payloads, in one pass over memory: the C kernel of ``_sign_sweep.c``,
-where it was built and the CPU has AVX2, bit for bit the NumPy code of :mod:`primitives.codecs.sign` and
-:mod:`primitives.merge`.
+where it was built and the CPU has AVX2, bit for bit the NumPy code of :mod:`casync.primitives.codecs.sign` and
+:mod:`casync.primitives.merge`.
 
 The NumPy sweep makes about nine passes over each cache-sized block (decode the incoming payload, add it, decode
 the deferred residual's payload, subtract, add, compare, pack, abs, lane sums); the kernel makes one, with the same
@@ -62,7 +62,7 @@ class FusedSweep:
 
     def block(self, start: int, stop: int, out: np.ndarray | None, bits: np.ndarray) -> tuple[np.ndarray | None, int]:
         """Run the kernel over ``[start, cut)``, the block's first ``(stop - start) & ~63`` elements: ``out`` (when
-        given) and ``bits`` written there.  Returns ``(lanes, cut)``: :func:`~primitives.codecs.base.block_sum`'s 64-row
+        given) and ``bits`` written there.  Returns ``(lanes, cut)``: :func:`~casync.primitives.codecs.base.block_sum`'s 64-row
         lane sums of ``|v|`` over that part, for the caller to add pairwise with the tail ``[cut, stop)`` it computes
         itself; ``(None, start)`` where the block is too short (a single lane column NumPy sums in another order)."""
         m = (stop - start) & ~63
@@ -139,7 +139,7 @@ def decode_small(packed: np.ndarray, scale: float, m: int, out: np.ndarray) -> i
 
 
 def bind_merge(inputs: Any, divisor: int, onebit: type) -> FusedMerge | None:
-    """A :class:`FusedMerge` of a merge's ``inputs`` (arrays and ``primitives.merge.Deferred`` decodes), or None
+    """A :class:`FusedMerge` of a merge's ``inputs`` (arrays and ``casync.primitives.merge.Deferred`` decodes), or None
     where the kernel cannot take them."""
     if not available() or not inputs:
         return None

@@ -15,7 +15,7 @@ from casync import cli
 from casync.engines.inputs import flatten_worker_grads
 from casync.errors import PlanFormatError
 from casync.sim.costmodel import ClusterModel, Profile
-from primitives.codecs import available_codecs
+from casync.primitives.codecs import available_codecs
 from tests.helpers import make_grads
 
 pytestmark = pytest.mark.timeout(120)  # "bounded time": a hang fails the test instead of stalling the suite

@@ -44,7 +44,7 @@ def test_engine_conforms(engine_name, strategy, codec, workers, request):
 
 
 def test_every_registered_strategy_is_in_the_matrix():
-    from strategies import STRATEGIES as REGISTRY
+    from casync.strategies import STRATEGIES as REGISTRY
 
     covered = {args["strategy"] for args in STRATEGIES.values()}
     builtin = {name for name in REGISTRY if not name.startswith("toy")}

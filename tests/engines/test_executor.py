@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import casync
-from casync.engines.executor import HEADER_TAG, WARMUP_SYNCS, RankExecutor, body_tag
+from casync.engines.executor import HEADER_TAG, RankExecutor, body_tag
+from casync.engines.memory import WARMUP_SYNCS
 from casync.engines.in_place import results_over_gradients
 from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import GradientScan, certifiers, layouts, scan_worker
@@ -20,10 +21,10 @@ from casync.errors import SyncError, SyncTimeoutError
 from casync.schedule import actor_shares, plan_transfers
 from casync.transport.base import LocalChannel, LocalHub
 from casync.transport.shm import ShmChannel, arenas
-from primitives.codecs.sign import OneBitCodec
-from primitives.ir import Actor
-from primitives.merge import handed_to_encode
-from primitives.residuals import buffers
+from casync.primitives.codecs.sign import OneBitCodec
+from casync.primitives.ir import Actor
+from casync.primitives.merge import handed_to_encode
+from casync.primitives.residuals import buffers
 from tests.helpers import make_grads, same_bits
 
 SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}
@@ -115,7 +116,7 @@ def signed_zeros(grads, seed):
                                 dict(strategy="allgather")], ids=["ring", "ps", "ps-oneway", "allgather"])
 @pytest.mark.parametrize("codec", ["topk:ratio=0.3", "randomk:ratio=0.3"])
 def test_sparse_merges_keep_the_signed_zeros_of_local_engine(kw, codec):
-    """The executor adds sparsifiers' entries at their indices (primitives.merge.Sparse); on gradients full
+    """The executor adds sparsifiers' entries at their indices (casync.primitives.merge.Sparse); on gradients full
     of -0.0 and +0.0 its results and residuals are still LocalEngine's bit for bit."""
     plan = casync.build_plan(SHAPES, workers=4, codec=codec, partitions=2, bucket_bytes=600, **kw)
     check_hub_against_local_engine(plan, 1, make=lambda step: signed_zeros(make_grads(SHAPES, 4, seed=step), step))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import casync
-from primitives.codecs import available_codecs
+from casync.primitives.codecs import available_codecs
 from tests.helpers import ODD_SHAPES, STRATEGY_CONFIGS, STRATEGY_IDS, make_grads
 
 CODEC_SPECS = {name: name for name in available_codecs()} | {"topk": "topk:ratio=0.1", "randomk": "randomk:ratio=0.1"}

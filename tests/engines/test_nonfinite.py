@@ -10,8 +10,8 @@ import casync
 from casync.engines.nonfinite import (BucketLayout, GradientScan, NonFiniteReport, PartitionScans, layouts,
                                       scan_worker)
 from casync.errors import NonFiniteGradientError
-from primitives.codecs import available_codecs
-from primitives.finite import all_finite
+from casync.primitives.codecs import available_codecs
+from casync.primitives.finite import all_finite
 from tests.helpers import STRATEGY_CONFIGS, STRATEGY_IDS, make_grads
 
 SHAPES = {"fc.weight": (40, 25), "fc.bias": (25,), "emb": (600,)}

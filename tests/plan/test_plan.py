@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import casync
-from primitives.ir import OPS
+from casync.primitives.ir import OPS
 
 
 def expected_counts(strategy: str, n: int, k: int, servers: int | None = None) -> dict[str, int]:

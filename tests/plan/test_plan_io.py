@@ -15,7 +15,7 @@ from casync.errors import PlanFormatError
 from casync.plan.assemble import BucketChoice, assemble_plan, make_buckets, name_buckets
 from casync.plan.io import PLAN_FORMAT, PLAN_VERSION
 from casync.plan.tensors import tensor_specs
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 from tests.helpers import make_grads
 
 SHAPES = {"w": (300,), "m": (13, 7), "s": (), "b": (5,)}

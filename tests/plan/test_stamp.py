@@ -10,9 +10,9 @@ import pytest
 import casync
 from casync.plan.assemble import BucketChoice, assemble_plan, make_buckets, name_buckets
 from casync.plan.specs import TensorSpec, split_even
-from primitives import feedback
-from primitives.codecs import get_codec
-from strategies import GraphBuilder, Strategy, Unit, get_strategy, register_strategy, unregister_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import get_codec
+from casync.strategies import GraphBuilder, Strategy, Unit, get_strategy, register_strategy, unregister_strategy
 
 #: several buckets of one structure and different sizes, plus one of another structure
 SPECS = [TensorSpec("a", (100_003,)), TensorSpec("blk.weight", (70_001,)), TensorSpec("c/d", (250_000,)),

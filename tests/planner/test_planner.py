@@ -13,7 +13,7 @@ from casync.plan.tensors import tensor_specs
 from casync.planner import backward_ready_times, choose_plan
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 
 MIXED = {"fc.weight": (2048, 1024), "fc.bias": (2048,), "ln.weight": (1024,), "conv.weight": (128, 128, 3, 3),
          "emb.weight": (8192, 256), "tiny": (10,)}

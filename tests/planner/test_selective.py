@@ -8,7 +8,7 @@ from casync.plan.assemble import BucketChoice, assemble_plan
 from casync.planner import min_gain
 from casync.sim.costmodel import ClusterModel, Profile
 from casync.sim.simulator import simulate
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 from tests.planner import hipress
 
 CNNS = ["resnet50", "vgg16"]

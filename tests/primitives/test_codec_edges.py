@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from primitives.codecs import get_codec
-from primitives.codecs.base import norms
-from primitives.codecs.dense import NoneCodec, cast
-from primitives.finite import NF_INDEX, NF_VALUE, restore, split_nonfinite
-from primitives.ops import run_encode, run_node
+from casync.primitives.codecs import get_codec
+from casync.primitives.codecs.base import norms
+from casync.primitives.codecs.dense import NoneCodec, cast
+from casync.primitives.finite import NF_INDEX, NF_VALUE, restore, split_nonfinite
+from casync.primitives.ops import run_encode, run_node
 
 
 @pytest.mark.parametrize("big", [3e19, 1e37])
@@ -29,7 +29,7 @@ def test_norms_of_tiny_inputs_are_not_flushed_to_zero():
 
 def test_norms_of_ordinary_inputs_are_unchanged():
     """The float64 fallback is taken only where float32 blocks over- or underflow: otherwise the blocked sums."""
-    from primitives.codecs.base import CHUNK, block_sum
+    from casync.primitives.codecs.base import CHUNK, block_sum
 
     x = np.random.default_rng(0).standard_normal(CHUNK + 12_345).astype(np.float32)
     l1 = sum(float(block_sum(np.abs(x[s:s + CHUNK]))) for s in range(0, x.size, CHUNK))

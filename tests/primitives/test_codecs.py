@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from primitives.codecs import (
+from casync.primitives.codecs import (
     Codec,
     Payload,
     available_codecs,
@@ -22,7 +22,7 @@ from primitives.codecs import (
     sparse,
     unregister_codec,
 )
-from primitives.codecs.base import CHUNK, field
+from casync.primitives.codecs.base import CHUNK, field
 
 # -- what is tested ------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Residuals left deferred (``primitives.codecs.residual``, ``primitives.residuals``): the payloads and residuals
+"""Residuals left deferred (``casync.primitives.codecs.residual``, ``casync.primitives.residuals``): the payloads and residuals
 of the eager error-feedback encode, bit for bit, step after step; and no reader outside the encodes ever sees
 anything but arrays."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import pickle
 import numpy as np
 import pytest
 
-from primitives.codecs import get_codec
-from primitives.codecs.base import BLOCK
-from primitives.codecs.residual import DeferredResidual
-from primitives.codecs.sign import OneBitCodec
-from primitives.merge import Deferred, PendingMerge
-from primitives.ops import run_encode
-from primitives.residuals import Residuals, buffers
+from casync.primitives.codecs import get_codec
+from casync.primitives.codecs.base import BLOCK
+from casync.primitives.codecs.residual import DeferredResidual
+from casync.primitives.codecs.sign import OneBitCodec
+from casync.primitives.merge import Deferred, PendingMerge
+from casync.primitives.ops import run_encode
+from casync.primitives.residuals import Residuals, buffers
 from tests.helpers import same_bits
 from tests.primitives.test_sparse_merge import gaussian, with_zeros
 

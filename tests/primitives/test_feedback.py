@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import casync
-from primitives import feedback
-from primitives.codecs import Codec, available_codecs, get_codec, register_codec, unregister_codec
-from primitives.codecs.dense import FP16Codec
-from primitives.codecs.ternary import TernGradCodec
-from strategies import available_strategies
+from casync.primitives import feedback
+from casync.primitives.codecs import Codec, available_codecs, get_codec, register_codec, unregister_codec
+from casync.primitives.codecs.dense import FP16Codec
+from casync.primitives.codecs.ternary import TernGradCodec
+from casync.strategies import available_strategies
 
 SHAPES = {"w": (2048,), "b": (300,)}
 STEPS = 300

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from primitives.codecs import get_codec
-from primitives.codecs.dense import TORCH_CAST_MIN, cast
+from casync.primitives.codecs import get_codec
+from casync.primitives.codecs.dense import TORCH_CAST_MIN, cast
 
 torch = pytest.importorskip("torch")
 

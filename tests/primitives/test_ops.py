@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from primitives.codecs import available_codecs, get_codec
-from primitives.ops import Deferred, Sparse, run_merge, run_node
+from casync.primitives.codecs import available_codecs, get_codec
+from casync.primitives.ops import Deferred, Sparse, run_merge, run_node
 
 BLOCKWISE = [name for name in available_codecs() if get_codec(name).decodes_in_blocks]
 
@@ -50,8 +50,8 @@ def test_run_node_defers_only_where_asked_and_the_codec_can():
 def test_a_subclass_that_overrides_encode_or_decode_gets_the_plain_paths_that_call_them():
     """A codec built on onebit (a wrapper that logs, gates or tweaks encode/decode) must see every call:
     the fused paths of its parent would go around its own methods."""
-    from primitives.codecs.sign import OneBitCodec
-    from primitives.ops import run_encode
+    from casync.primitives.codecs.sign import OneBitCodec
+    from casync.primitives.ops import run_encode
 
     calls = []
 
@@ -83,7 +83,7 @@ EF_CODECS = [name for name in available_codecs() if get_codec(name).ef_sound]
 @pytest.mark.parametrize("n", [1003, 600_001])
 def test_an_error_feedback_encode_writes_its_residual_into_the_spare_with_the_same_bits(name, n):
     """A recycled residual buffer changes where the new residual lives, never its floats or the payload."""
-    from primitives.ops import run_encode
+    from casync.primitives.ops import run_encode
 
     codec, x, old = get_codec(name), gaussian(n, 1), gaussian(n, 2) * 0.1
     plain = {"k": old.copy()}
@@ -97,7 +97,7 @@ def test_an_error_feedback_encode_writes_its_residual_into_the_spare_with_the_sa
 
 
 def test_a_spare_that_does_not_fit_or_overlaps_is_left_alone():
-    from primitives.ops import run_encode
+    from casync.primitives.ops import run_encode
 
     codec, x = get_codec("onebit"), gaussian(1000, 1)
     for spare in (np.zeros(999, np.float32), np.zeros(1000, np.float64), x):

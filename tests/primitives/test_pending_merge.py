@@ -1,4 +1,4 @@
-"""A merge handed to the error-feedback encode that alone reads it (``primitives.merge.PendingMerge``) gives the
+"""A merge handed to the error-feedback encode that alone reads it (``casync.primitives.merge.PendingMerge``) gives the
 bits of merging first: block by block, inside every codec that takes one, and through ``run_encode``."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primitives.codecs import get_codec
-from primitives.codecs.base import merges_pending
-from primitives.codecs.sparse import TopKCodec
-from primitives.merge import Deferred, PendingMerge, Sparse, merges_in_encode, run_merge
-from primitives.ops import run_encode, run_node
+from casync.primitives.codecs import get_codec
+from casync.primitives.codecs.base import merges_pending
+from casync.primitives.codecs.sparse import TopKCodec
+from casync.primitives.merge import Deferred, PendingMerge, Sparse, merges_in_encode, run_merge
+from casync.primitives.ops import run_encode, run_node
 from tests.helpers import same_bits, same_bits_but_nans
 from tests.primitives.test_sparse_merge import gaussian, merges, with_zeros
 

@@ -6,11 +6,11 @@ import platform
 import numpy as np
 import pytest
 
-from primitives.codecs import sign_kernel
-from primitives.codecs.base import BLOCK
-from primitives.codecs.residual import DeferredResidual
-from primitives.codecs.sign import OneBitCodec
-from primitives.merge import Deferred, PendingMerge, run_merge
+from casync.primitives.codecs import sign_kernel
+from casync.primitives.codecs.base import BLOCK
+from casync.primitives.codecs.residual import DeferredResidual
+from casync.primitives.codecs.sign import OneBitCodec
+from casync.primitives.merge import Deferred, PendingMerge, run_merge
 
 CODEC = OneBitCodec()
 # fewer than 128 floats: NumPy alone; 128-191: 2 lanes; 1000: 15 lanes (rows straddle the 8-wide vectors);

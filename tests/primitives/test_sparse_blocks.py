@@ -1,12 +1,12 @@
-"""The sparsifiers' blocked passes: decodes into reused buffers (``primitives.codecs.base.scattered``) and
+"""The sparsifiers' blocked passes: decodes into reused buffers (``casync.primitives.codecs.base.scattered``) and
 randomk's error-feedback encode, block by block where they can be, always the bits of the whole-array passes."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from primitives.codecs import get_codec
-from primitives.codecs.base import SCATTER_BLOCK, Codec, scattered
+from casync.primitives.codecs import get_codec
+from casync.primitives.codecs.base import SCATTER_BLOCK, Codec, scattered
 
 B = SCATTER_BLOCK
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from primitives.codecs import get_codec
-from primitives.ops import Sparse, run_merge, run_node
+from casync.primitives.codecs import get_codec
+from casync.primitives.ops import Sparse, run_merge, run_node
 
 SPARSIFIERS = ["topk:ratio=0.01", "randomk:ratio=0.01", "topk:ratio=0.3", "randomk:ratio=0.5"]
 NZ = np.float32(-0.0)
@@ -108,7 +108,7 @@ def test_a_payload_whose_indices_are_out_of_order_is_decoded_whole():
 
 def test_a_subclass_that_overrides_decode_is_not_merged_sparsely():
     """A wrapper's own ``decode`` must see every decode: the parent's entries would go around it."""
-    from primitives.codecs.sparse import TopKCodec
+    from casync.primitives.codecs.sparse import TopKCodec
 
     class Logged(TopKCodec):
         name = "logged-topk"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from primitives.codecs import available_codecs, get_codec
-from primitives.finite import NF_INDEX, NF_VALUE
-from primitives.wire import layout
+from casync.primitives.codecs import available_codecs, get_codec
+from casync.primitives.finite import NF_INDEX, NF_VALUE
+from casync.primitives.wire import layout
 
 CODECS = [get_codec({"topk": "topk:ratio=0.1", "randomk": "randomk:ratio=0.1"}.get(n, n)) for n in available_codecs()]
 

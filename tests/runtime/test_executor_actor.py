@@ -8,13 +8,13 @@ import threading
 import numpy as np
 
 import casync
-from casync.engines.executor import WARMUP_SYNCS
+from casync.engines.memory import WARMUP_SYNCS
 from casync.engines.inputs import flatten_worker_grads
 from casync.engines.nonfinite import layouts
 from casync.runtime.executor_actor import ExecutorActor
 from casync.schedule import actor_shares
 from casync.transport.base import LocalHub
-from primitives.residuals import buffers
+from casync.primitives.residuals import buffers
 from tests.helpers import make_grads, same_bits
 
 SHAPES = {"w": (301,), "b": (17, 5), "c": (2,)}

@@ -12,7 +12,7 @@ from casync.planner import Planner, backward_ready_times
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts
 from casync.sim.optable import OpTable
 from casync.sim.simulator import run_table, simulate
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 from tests.helpers import profile_without
 
 CALIBRATED = Profile.default().with_runtime(RuntimeCosts(
@@ -137,7 +137,7 @@ def test_simulator_names_broken_graphs():
 @pytest.mark.parametrize("strategy,kw,sparse_inputs,local", [("ps", {}, 3, 1), ("allgather", {}, 4, 0),
                                                                 ("ring", {}, 1, 1), ("ps", {"servers": 2}, 4, 0)])
 def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw, sparse_inputs, local):
-    """As the per-rank executor runs it (primitives.merge.Sparse): a topk decode whose only reader is a merge
+    """As the per-rank executor runs it (casync.primitives.merge.Sparse): a topk decode whose only reader is a merge
     costs its entries, the merge only its dense inputs (one pass at least, one fewer where an encode computes
     it: see the next test); output decodes stay whole."""
     from casync.sim.optable import DECODE, MERGE, folded_merge
@@ -172,12 +172,12 @@ def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw
     ("ps", {"two_way": False}, "onebit", False), ("allgather", {}, "onebit", False), ("ring", {}, "none", False),
     ("ring", {"error_feedback": False}, "onebit", False), ("ring", {}, "terngrad", False)])
 def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, codec, folded):
-    """The executor hands a merge to the error-feedback encode that alone reads it (primitives.merge.PendingMerge)
+    """The executor hands a merge to the error-feedback encode that alone reads it (casync.primitives.merge.PendingMerge)
     where the codec computes it as it adds its residual: the simulator charges such a merge one input fewer,
     and only those. ps one-way's pull and codec none have no error feedback; allgather's merges are outputs;
     terngrad's error feedback is its contractive encode, which takes whole inputs."""
     from casync.sim.optable import MERGE, folded_merge, handed_decodes, merged_inputs
-    from primitives.merge import handed_to_encode
+    from casync.primitives.merge import handed_to_encode
 
     plan = casync.build_plan({"w": (4000,)}, workers=4, strategy=strategy, codec=codec, **kw)
     graph, table, handed = plan.graph, OpTable.from_graph(plan.graph), handed_decodes(plan.graph)
@@ -205,7 +205,7 @@ def test_a_profile_without_entries_prices_them_as_decodes():
 @pytest.mark.parametrize("strategy,kw", [("allgather", {}), ("ps", {"two_way": True}), ("ps", {"servers": 2}),
                                          ("ring", {})])
 def test_a_block_decoders_decode_into_a_merge_is_priced_deferred_where_the_profile_has_it(strategy, kw):
-    """As the per-rank executor runs it (primitives.merge.Deferred, through onebit's one-pass merge): a onebit
+    """As the per-rank executor runs it (casync.primitives.merge.Deferred, through onebit's one-pass merge): a onebit
     decode whose only reader is a merge costs the profile's ``deferred``, the merge one accumulator pass plus
     its dense inputs (one fewer where an encode computes it); a profile without ``deferred`` keeps the old
     prices (a whole decode, and the merge charging it as a dense input). Output decodes stay whole."""

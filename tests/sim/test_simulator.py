@@ -11,7 +11,7 @@ import casync
 from casync.sim.costmodel import ClusterModel, LinearCost, Profile
 from casync.sim.profiler import (MAX_FLUSH_BYTES, CacheFlusher, _Feedback, best_time, fit_linear,
                                  largest_cache_bytes, profile_codecs)
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 from casync.sim.simulator import simulate
 
 
@@ -56,7 +56,7 @@ def test_fit_linear_recovers_a_line_and_profiling_runs():
 def test_profiled_randomk_ops_draw_their_indices_afresh(monkeypatch):
     """randomk keeps the indices it drew for a seed; the profile still times the draw in every timed call, as an
     actor's first use of a seed pays it."""
-    import primitives.codecs.sparse as sparse
+    import casync.primitives.codecs.sparse as sparse
 
     draws = []
     real = sparse._draw_indices
@@ -197,7 +197,7 @@ def test_critical_path_seconds_never_exceed_the_iteration(workers, per_node, str
 def test_a_registered_codec_is_simulated_and_planned_once_profiled_on_this_machine():
     """The README's "Adding a codec": the packaged profile has no costs for a new codec, and the error says
     how to measure them; a profile measured with it simulates and plans it."""
-    from primitives.codecs import Codec, register_codec, unregister_codec
+    from casync.primitives.codecs import Codec, register_codec, unregister_codec
     from casync.sim.profiler import DEFAULT_CODECS, profile
 
     class Halves(Codec):

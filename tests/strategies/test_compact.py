@@ -12,7 +12,7 @@ from casync.plan.specs import TensorSpec
 from casync.plan.tensors import tensor_specs
 from casync.sim.costmodel import ClusterModel
 from casync.sim.simulator import simulate
-from primitives.codecs import get_codec
+from casync.primitives.codecs import get_codec
 
 #: strategy variants (PS one- and two-way) x codecs: lossless, a dense lossy one, 1-bit, sparse
 VARIANTS = [("ring", True), ("allgather", True), ("ps", True), ("ps", False)]

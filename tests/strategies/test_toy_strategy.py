@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 import casync
-from primitives.ir import worker
-from strategies import Strategy, get_strategy, register_strategy, unregister_strategy
+from casync.primitives.ir import worker
+from casync.strategies import Strategy, get_strategy, register_strategy, unregister_strategy
 from tests.engines.conformance import ENGINES, SHAPES, check_conformance
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from primitives import feedback
-from primitives.codecs import Codec, get_codec
-from strategies import get_strategy
+from casync.primitives import feedback
+from casync.primitives.codecs import Codec, get_codec
+from casync.strategies import get_strategy
 
-from .assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, given_groups, make_buckets, name_buckets
-from .checks import check_bool, check_int, check_nonfinite, check_op, check_partitions
-from .syncplan import SyncPlan
-from .tensors import tensor_specs
+from .plan.assemble import DEFAULT_BUCKET_BYTES, BucketChoice, assemble_plan, given_groups, make_buckets, name_buckets
+from .plan.checks import check_bool, check_int, check_nonfinite, check_op, check_partitions
+from .plan.syncplan import SyncPlan
+from .plan.tensors import tensor_specs
 
 
 def _is_planned(strategy: Any, codec: Any, partitions: Any) -> bool:
@@ -54,7 +54,7 @@ def build_plan(
     ``error_feedback``: ``"auto"`` (default) keeps residuals where that is sound — plain error feedback for
     contractive codecs, error feedback on the contractive version of unbiased stochastic ones (terngrad,
     qsgd) — and none for a registered codec that declares neither; ``True`` asks for it everywhere (an
-    error for such a codec), ``False`` turns it off.  See :mod:`primitives.feedback`.
+    error for such a codec), ``False`` turns it off.  See :mod:`casync.primitives.feedback`.
 
     ``nonfinite``: what engines do when a gradient holds NaN/Inf — ``"raise"`` a
     :class:`~casync.errors.NonFiniteGradientError`, ``"skip"`` the step on every worker, or ``"propagate"``
@@ -68,7 +68,7 @@ def build_plan(
         if servers is not None:
             raise ValueError(f"servers={servers} cannot be combined with automatic planning (the planner uses "
                              "co-located PS); choose the strategy yourself to use dedicated servers")
-        from ..planner import choose_plan  # only planned builds import the planner
+        from .planner import choose_plan  # only planned builds import the planner
 
         options = dict(workers=workers, strategy=strategy if isinstance(strategy, str) else list(strategy),
                        codec=codec if isinstance(codec, str) and codec == "auto" else
