@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burners", type=int, default=0, help="processes spinning on a core each during phase 2")
     parser.add_argument("--tests", help="a file of test ids (one per line) to hunt instead of classifying paths")
     parser.add_argument("--out", default="flake_hunt.json")
+    parser.add_argument("--markdown", help="also write the table of every hunted test (runs, failures) here")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.burners < 0:
         parser.error("--runs must be >= 1 and --burners >= 0")
@@ -135,12 +136,23 @@ def main(argv: list[str] | None = None) -> int:
     report = {"runs": args.runs, "burners": args.burners, "cores": os.cpu_count(), "paths": args.paths,
               "seconds": round(time.time() - started, 1), "pytest_exit": code, "tests": repeat.results}
     Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(report))
     failed = {t: r for t, r in repeat.results.items() if r["failures"]}
     print(f"flake_hunt: {len(repeat.results)} tests x {args.runs} runs, {args.burners} burner(s): "
           f"{len(failed)} failed at least once; {args.out}")
     for test, r in sorted(failed.items()):
         print(f"  {r['failures']}/{r['runs']}  {test}")
     return 0 if not failed else 1
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The hunt as a table: every test, its runs and failures, failing tests first."""
+    rows = sorted(report["tests"].items(), key=lambda kv: (-kv[1]["failures"], kv[0]))
+    lines = [f"{len(rows)} tests x {report['runs']} runs, {report['burners']} CPU burner(s), {report['cores']} cores, "
+             f"{report['seconds']:.0f} s", "", "| test | runs | failures | seconds (all runs) |", "|---|---:|---:|---:|"]
+    lines += [f"| `{test}` | {r['runs']} | {r['failures']} | {r['seconds']:.1f} |" for test, r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _hunt(tests: list[str], repeat: Repeat) -> int:

@@ -1,0 +1,48 @@
+"""The flake hunt itself: it repeats what it is given and counts a test that fails now and then."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tools.flake_hunt import base_id
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FLAKY = '''
+import pathlib, pytest
+
+@pytest.mark.parametrize("size", ["8-of-20"])
+def test_every_other_run_fails(size, tmp_path_factory):
+    counter = pathlib.Path(__file__).with_suffix(".count")
+    n = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(n + 1))
+    assert n % 2 == 0
+
+def test_steady():
+    assert True
+'''
+
+
+def test_base_id_drops_only_the_repeat_index():
+    assert base_id("t.py::test_a[8-of-20-hunt3]") == "t.py::test_a[8-of-20]"
+    assert base_id("t.py::test_a[hunt0]") == "t.py::test_a"
+    assert base_id("t.py::test_a[hunt12-x]") == "t.py::test_a[x]"
+    assert base_id("t.py::test_a") == "t.py::test_a"
+
+
+def test_a_test_failing_every_other_run_is_counted(tmp_path):
+    (tmp_path / "test_sample.py").write_text(FLAKY)
+    ids = tmp_path / "ids.txt"
+    ids.write_text("test_sample.py::test_every_other_run_fails[8-of-20]\ntest_sample.py::test_steady\n")
+    run = subprocess.run([sys.executable, "-m", "tests.tools.flake_hunt", "--tests", str(ids), "--runs", "4",
+                          "--out", str(tmp_path / "hunt.json"), "--markdown", str(tmp_path / "hunt.md")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 1, run.stdout + run.stderr  # something failed
+    tests = json.loads((tmp_path / "hunt.json").read_text())["tests"]
+    assert tests["test_sample.py::test_every_other_run_fails[8-of-20]"]["runs"] == 4
+    assert tests["test_sample.py::test_every_other_run_fails[8-of-20]"]["failures"] == 2
+    assert tests["test_sample.py::test_steady"] == {**tests["test_sample.py::test_steady"], "runs": 4, "failures": 0}
+    assert "| `test_sample.py::test_every_other_run_fails[8-of-20]` | 4 | 2 |" in (tmp_path / "hunt.md").read_text()
