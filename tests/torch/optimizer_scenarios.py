@@ -9,7 +9,7 @@ import torch
 
 import casync.torch as ct
 from tests.engines.conformance import SHAPES, step_grads
-from tests.torch.scenarios import GradientModel, batch, mlp, params
+from tests.torch.scenarios import GradientModel, batch, fail_encodes, mlp, params
 
 
 def feed(model: torch.nn.Module, grads: dict[str, np.ndarray]) -> None:
@@ -171,8 +171,6 @@ def op_fails(rank: int, world: int, transport: str = "gloo") -> dict[str, Any]:
     close the connections, which they would notice at once without knowing why)."""
     import time
 
-    import casync.engines.executor as executor
-
     model = mlp()
     opt = ct.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model.named_parameters(),
                                   codec="onebit", strategy="ring", bucket_bytes=4096, timeout_s=30.0,
@@ -180,14 +178,7 @@ def op_fails(rank: int, world: int, transport: str = "gloo") -> dict[str, Any]:
     out: dict[str, Any] = {"kind": None}
     for step in range(3):
         if step == 2 and rank == 1:
-            real = executor.run_node
-
-            def failing(attrs: Any, *args: Any, **kwargs: Any) -> Any:
-                if attrs["op"] == "encode":
-                    raise RuntimeError("encode failed on purpose")
-                return real(attrs, *args, **kwargs)
-
-            executor.run_node = failing
+            fail_encodes()
         x, y = batch(step, rank)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()

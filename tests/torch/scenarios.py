@@ -229,26 +229,32 @@ def dies(rank: int, world: int, group_timeout: float = 8.0) -> Any:
     return {"kind": None}
 
 
+def fail_encodes() -> None:
+    """From now on every encode of this process's executors raises ("encode failed on purpose")."""
+    import casync.engines.executor as executor
+
+    real = executor.run_node
+
+    def failing(attrs: Any, *args: Any, **kwargs: Any) -> Any:
+        if attrs["op"] == "encode":
+            raise RuntimeError("encode failed on purpose")
+        return real(attrs, *args, **kwargs)
+
+    executor.run_node = failing
+
+
 def op_fails(rank: int, world: int, flags: str, where: str = "encode", group_timeout: float = 30.0) -> Any:
     """In step 3 (compressed, over the gloo group) rank 1 fails: its encodes raise (``where="encode"``), or its
     hook raises as DDP hands it the first bucket (``"hook"``).  Every rank must fail at once naming that failure,
     not at the group's timeout.  Rank 1's process stays (as a script that catches the error would) until the
     others have failed, each leaving a file in ``flags``: its exit would close the connections, which the others
     would also notice at once, without knowing why."""
-    import casync.engines.executor as executor
     import casync.torch.hook as hook
 
     state = ct.CasyncState(codec="onebit", transport="gloo", timeout_s=group_timeout)
     ddp, opt, _ = train(mlp(), rank, range(3), state)
     if rank == 1 and where == "encode":
-        real = executor.run_node
-
-        def failing(attrs: Any, *args: Any, **kwargs: Any) -> Any:
-            if attrs["op"] == "encode":
-                raise RuntimeError("encode failed on purpose")
-            return real(attrs, *args, **kwargs)
-
-        executor.run_node = failing
+        fail_encodes()
     elif rank == 1:
         def refuse(*args: Any, **kwargs: Any) -> None:
             raise RuntimeError("the hook failed on purpose")
