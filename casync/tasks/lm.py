@@ -1,0 +1,92 @@
+"""The language-model task: a word-level LSTM on the Python standard library's source, Adam, validation loss.
+
+The output layer shares the embedding's weights (so ``embedding == hidden``): with a 16,384-token vocabulary the
+embedding is most of the model, as in the LSTM language models DGC and BytePS-Compress train.  Each window of
+``bptt`` tokens starts from a zero state (no state carried between windows, so a step's gradient depends on its
+batch alone, as DDP assumes).  Validation is the mean cross-entropy over the first ``eval_tokens`` tokens of the
+held-out files, in the same windows.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..datasets.pycorpus import Corpus, lm_batches, load_corpus
+from .base import Task
+
+VOCAB, WIDTH, BPTT, EVAL_TOKENS = 16384, 256, 32, 32768
+
+
+@lru_cache(maxsize=2)
+def load(path: Any = None) -> Corpus:
+    return load_corpus(path, vocab_size=VOCAB)
+
+
+def build_model(data: Corpus, seed: int) -> Any:
+    import torch
+
+    class LSTMLanguageModel(torch.nn.Module):
+        """Embedding -> LSTM -> a decoder tied to the embedding."""
+
+        def __init__(self, vocab: int, width: int):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(vocab, width)
+            self.lstm = torch.nn.LSTM(width, width, batch_first=True)
+            self.decoder = torch.nn.Linear(width, vocab)
+            self.decoder.weight = self.embedding.weight
+
+        def forward(self, tokens: Any) -> Any:
+            out, _ = self.lstm(self.embedding(tokens))
+            return self.decoder(out)
+
+    torch.manual_seed(seed)
+    return LSTMLanguageModel(len(data.vocab), WIDTH)
+
+
+def optimizer(params: Any, lr: float) -> Any:
+    import torch
+
+    return torch.optim.Adam(params, lr=lr)
+
+
+def batches(data: Corpus, rank: int, world: int, batch_size: int, seed: int = 0) -> Iterator[tuple[Any, Any]]:
+    """Windows of the training stream for this rank, epoch after epoch (each epoch starts ``seed``-shifted)."""
+    import torch
+
+    epoch = 0
+    while True:
+        shift = int(np.random.default_rng([seed, epoch]).integers(0, BPTT))
+        for x, y in lm_batches(data.train[shift:], batch_size, BPTT, rank, world):
+            yield torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+        epoch += 1
+
+
+def loss(model: Any, inputs: Any, targets: Any) -> Any:
+    import torch
+
+    logits = model(inputs)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def evaluate(model: Any, data: Corpus) -> float:
+    """Mean cross-entropy (nats per token) over the first :data:`EVAL_TOKENS` validation tokens."""
+    import torch
+
+    ids = data.valid[:EVAL_TOKENS + 1]
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for x, y in lm_batches(ids, batch_size=max(1, min(16, (len(ids) - 1) // BPTT)), bptt=BPTT):
+            n = y.size
+            total += float(loss(model, torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64)))) * n
+            count += n
+    model.train(was_training)
+    return total / count
+
+
+LM = Task(name="lm", metric="validation loss", higher_is_better=False, load=load, model=build_model,
+          optimizer=optimizer, batches=batches, loss=loss, evaluate=evaluate,
+          defaults={"lr": 2e-3, "batch_size": 8})
