@@ -1,6 +1,7 @@
 """Compact templates against the full plan: simulated iteration time, ops and simulation time.
 
-    python benchmarks/compact_templates.py [--model resnet50] [--workers 16,64] [--gbps 100] [--out benchmarks/results/compact_templates]
+    python benchmarks/compact_templates.py [--model resnet50] [--workers 16,64] [--gbps 100]
+                                           [--out benchmarks/results/compact_templates]
 
 For every strategy (PS one- and two-way) x codec (none, onebit) the model's default plan (25 MiB buckets,
 default partitions: whole rotations here) is simulated in full and as its compact template

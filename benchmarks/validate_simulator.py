@@ -1,6 +1,7 @@
 """Simulator validation: predicted sync time against RayEngine's measured one, on this machine.
 
-    python benchmarks/validate_simulator.py [--model resnet50] [--iters 7] [--out benchmarks/results/simulator_validation]
+    python benchmarks/validate_simulator.py [--model resnet50] [--iters 7]
+                                            [--out benchmarks/results/simulator_validation]
 
 For each configuration (strategy x codec x 2-4 workers):
 

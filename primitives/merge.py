@@ -62,7 +62,8 @@ def handed_to_encode(attrs: Mapping[str, Any], readers: Sequence[Mapping[str, An
 def merges_in_encode(codec: Codec | type) -> bool:
     """Whether ``codec``'s error-feedback encode takes a :class:`PendingMerge` as its input: it runs
     ``encode_feedback`` (``ef_sound``; a contractive one runs another path) and that method is marked
-    :func:`casync.primitives.codecs.base.merges_pending`, so an override that does not handle one is never handed one."""
+    :func:`casync.primitives.codecs.base.merges_pending`, so an override that does not handle one is never handed
+    one."""
     cls = codec if isinstance(codec, type) else type(codec)
     return bool(cls.ef_sound and getattr(cls.encode_feedback, "merges_pending", False))
 

@@ -2,8 +2,8 @@
 
 A plain ``dict`` of arrays is what every engine, checkpoint and test reads.  :class:`Residuals` is the same
 mapping, except that an encode may store a residual whose decoded payload is still to be subtracted
-(:class:`~casync.primitives.codecs.residual.DeferredResidual`): the next step's encode of that key then computes it as it
-adds it.  Whoever else reads a residual gets an array, computed on the spot, so no reader outside the encodes
+(:class:`~casync.primitives.codecs.residual.DeferredResidual`): the next step's encode of that key then computes
+it as it adds it.  Whoever else reads a residual gets an array, computed on the spot, so no reader outside the encodes
 ever sees the deferred form.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``GraphBuilder``: adds primitive nodes with consistent ids and attributes (see ``casync.primitives.ir``) to a DiGraph.
+"""``GraphBuilder``: adds primitive nodes with consistent ids and attributes (see ``casync.primitives.ir``) to a
+DiGraph.
 
 Strategies describe a bucket's sync through it: ``encode``, ``decode``, ``merge`` and ``transfer`` (a send on
 one actor and its recv on another).  Node ids read like paths: ``"<bucket>/p<part>/<actor>/<op>[.<tag>]"``.

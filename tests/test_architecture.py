@@ -153,7 +153,8 @@ def test_ray_only_under_runtime_and_training():
 def test_a_checkout_on_pythonpath_maps_the_moved_subpackages_itself():
     """Without an installed mapping (the editable install's finder removed, as on a machine that runs the checkout
     from PYTHONPATH), casync.primitives and casync.strategies are still the checkout's folders, one copy each."""
-    code = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in getattr(f, '__name__', '')]; "
+    code = ("import sys; "
+            "sys.meta_path[:] = [f for f in sys.meta_path if 'Editable' not in getattr(f, '__name__', '')]; "
             "import casync, casync.primitives.codecs.sign as s, casync.strategies as st; "
             "print(s.__file__); print(st.__file__); print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('primitives', 'strategies')))")

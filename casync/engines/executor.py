@@ -91,7 +91,8 @@ class RankExecutor:
         self._outputs = {b: len(p) for b, p in self.partitions.items()}
         self._sizes = {b: p[-1][1] if p else 0 for b, p in self.partitions.items()}  # each bucket's numel
         # decodes whose one reader is a merge: the merge decodes them block by block (casync.primitives.ops.Deferred);
-        # merges whose one reader is an error-feedback encode: the encode computes them (casync.primitives.ops.PendingMerge)
+        # merges whose one reader is an error-feedback encode: the encode computes them
+        # (casync.primitives.ops.PendingMerge)
         self._deferred = {i for i, op in enumerate(ops)
                           if handed_to_merge(op.attrs, [ops[c].attrs["op"] for c in op.consumers])
                           or handed_to_encode(op.attrs, [ops[c].attrs for c in op.consumers])}

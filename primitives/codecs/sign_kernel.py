@@ -62,9 +62,10 @@ class FusedSweep:
 
     def block(self, start: int, stop: int, out: np.ndarray | None, bits: np.ndarray) -> tuple[np.ndarray | None, int]:
         """Run the kernel over ``[start, cut)``, the block's first ``(stop - start) & ~63`` elements: ``out`` (when
-        given) and ``bits`` written there.  Returns ``(lanes, cut)``: :func:`~casync.primitives.codecs.base.block_sum`'s 64-row
-        lane sums of ``|v|`` over that part, for the caller to add pairwise with the tail ``[cut, stop)`` it computes
-        itself; ``(None, start)`` where the block is too short (a single lane column NumPy sums in another order)."""
+        given) and ``bits`` written there.  Returns ``(lanes, cut)``:
+        :func:`~casync.primitives.codecs.base.block_sum`'s 64-row lane sums of ``|v|`` over that part, for the
+        caller to add pairwise with the tail ``[cut, stop)`` it computes itself; ``(None, start)`` where the block is
+        too short (a single lane column NumPy sums in another order)."""
         m = (stop - start) & ~63
         if m < 128:
             return None, start

@@ -32,7 +32,8 @@ def make_set(folder, train=30, test=10, zipped=True):
 def test_a_set_written_here_reads_back_exactly(tmp_path, zipped):
     arrays = make_set(tmp_path, zipped=zipped)
     images = load_images(tmp_path)
-    assert np.array_equal(images.x_train, arrays["train_images"]) and np.array_equal(images.x_test, arrays["test_images"])
+    assert np.array_equal(images.x_train, arrays["train_images"])
+    assert np.array_equal(images.x_test, arrays["test_images"])
     assert images.y_train.dtype == np.int64 and np.array_equal(images.y_train, arrays["train_labels"])
     assert images.manifest["train"] == 30 and images.manifest["shape"] == [5, 4] and images.classes <= 3
     big = np.arange(6, dtype=">i4").reshape(2, 3)

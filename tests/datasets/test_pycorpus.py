@@ -35,7 +35,8 @@ def test_the_split_is_by_file_and_the_vocabulary_comes_from_training_text_only(t
     train_words = {t for f in info["train_files"] for t in tokens((root / f).read_text())}
     assert set(corpus.vocab[2:]) <= train_words
     # every file ends with <eos>; out-of-vocabulary tokens are <unk> (id 0)
-    assert (corpus.train == 1).sum() == len(info["train_files"]) and (corpus.valid == 1).sum() == len(info["valid_files"])
+    assert (corpus.train == 1).sum() == len(info["train_files"])
+    assert (corpus.valid == 1).sum() == len(info["valid_files"])
     assert corpus.unk_rate["train"] > 0 and corpus.train.dtype == np.int32
 
 

@@ -1,5 +1,5 @@
-"""Residuals left deferred (``casync.primitives.codecs.residual``, ``casync.primitives.residuals``): the payloads and residuals
-of the eager error-feedback encode, bit for bit, step after step; and no reader outside the encodes ever sees
+"""Residuals left deferred (``casync.primitives.codecs.residual``, ``casync.primitives.residuals``): the payloads and
+residuals of the eager error-feedback encode, bit for bit, step after step; and no reader outside the encodes ever sees
 anything but arrays."""
 from __future__ import annotations
 

@@ -172,10 +172,10 @@ def test_a_sparsifiers_decode_into_a_merge_is_priced_as_its_entries(strategy, kw
     ("ps", {"two_way": False}, "onebit", False), ("allgather", {}, "onebit", False), ("ring", {}, "none", False),
     ("ring", {"error_feedback": False}, "onebit", False), ("ring", {}, "terngrad", False)])
 def test_a_merge_an_encode_computes_is_charged_one_pass_fewer(strategy, kw, codec, folded):
-    """The executor hands a merge to the error-feedback encode that alone reads it (casync.primitives.merge.PendingMerge)
-    where the codec computes it as it adds its residual: the simulator charges such a merge one input fewer,
-    and only those. ps one-way's pull and codec none have no error feedback; allgather's merges are outputs;
-    terngrad's error feedback is its contractive encode, which takes whole inputs."""
+    """The executor hands a merge to the error-feedback encode that alone reads it
+    (casync.primitives.merge.PendingMerge) where the codec computes it as it adds its residual: the simulator
+    charges such a merge one input fewer, and only those. ps one-way's pull and codec none have no error feedback;
+    allgather's merges are outputs; terngrad's error feedback is its contractive encode, which takes whole inputs."""
     from casync.sim.optable import MERGE, folded_merge, handed_decodes, merged_inputs
     from casync.primitives.merge import handed_to_encode
 

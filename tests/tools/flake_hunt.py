@@ -150,7 +150,8 @@ def markdown(report: dict[str, Any]) -> str:
     """The hunt as a table: every test, its runs and failures, failing tests first."""
     rows = sorted(report["tests"].items(), key=lambda kv: (-kv[1]["failures"], kv[0]))
     lines = [f"{len(rows)} tests x {report['runs']} runs, {report['burners']} CPU burner(s), {report['cores']} cores, "
-             f"{report['seconds']:.0f} s", "", "| test | runs | failures | seconds (all runs) |", "|---|---:|---:|---:|"]
+             f"{report['seconds']:.0f} s", "", "| test | runs | failures | seconds (all runs) |",
+             "|---|---:|---:|---:|"]
     lines += [f"| `{test}` | {r['runs']} | {r['failures']} | {r['seconds']:.1f} |" for test, r in rows]
     return "\n".join(lines) + "\n"
 
