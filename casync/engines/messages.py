@@ -96,6 +96,9 @@ class HeaderLedger:
         self.sent: dict[str, int] = {}
         self.told: int | None = None  # the step whose failure the peers were told of
         self.notices: tuple[Any, ...] = ()  # the last notices' buffers and handles, alive until sent
+        #: whether notices are ever sent: a channel whose own abort tells the peers needs no lock around a header
+        #: (one that writes inline, as sockets may, must not hold it while a dead peer's socket blocks the write)
+        self.notifies = not tells_peers(channel)
 
     def opened(self, step: int | None) -> None:
         """``step`` is open (None: closed); call holding :attr:`lock`."""
@@ -104,6 +107,8 @@ class HeaderLedger:
 
     def send(self, header: np.ndarray, peer: str) -> Any:
         """Send ``peer`` its next header; None (nothing sent) once the step's abort notices went instead."""
+        if not self.notifies:
+            return self.channel.isend(header.view(np.uint8), peer, HEADER_TAG)
         with self.lock:
             if self.told == self.step:
                 return None
@@ -114,8 +119,10 @@ class HeaderLedger:
     def tell(self, reason: str, kind: int = FAILED) -> None:
         """Abort notices to the peers still owed a header, unless the channel's own abort tells them; once a
         step.  Waits at most :data:`NOTICE_WAIT_S` for them to leave."""
+        if not self.notifies:
+            return
         with self.lock:
-            if tells_peers(self.channel) or self.step is None or self.told == self.step:
+            if self.step is None or self.told == self.step:
                 return
             self.told = self.step
             peers = [peer for peer, count in self.owed.items() if self.sent.get(peer, 0) < count]
