@@ -14,9 +14,10 @@ backward pass, while torch's threads have no heaps of their own yet).
 """
 from ..engines.memory import keep_freed_memory
 from .hook import comm_hook
+from .onebit_adam import OneBitAdam
 from .optimizer import DistributedOptimizer
 from .state import CasyncState
 
 keep_freed_memory()
 
-__all__ = ["CasyncState", "DistributedOptimizer", "comm_hook"]
+__all__ = ["CasyncState", "DistributedOptimizer", "OneBitAdam", "comm_hook"]
