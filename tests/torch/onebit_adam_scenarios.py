@@ -29,27 +29,34 @@ def grad_of(rank: int, step: int, name: str) -> np.ndarray:
     return g.standard_normal(SHAPES[name]).astype(np.float32)
 
 
-def rule(rank: int, world: int, runs: list[dict[str, Any]], steps: int) -> list[dict[str, Any]]:
+def host(tensors: Any) -> dict[str, np.ndarray]:
+    """(name, tensor) pairs as NumPy copies."""
+    return {n: t.detach().cpu().numpy().copy() for n, t in tensors}
+
+
+def rule(rank: int, world: int, runs: list[dict[str, Any]], steps: int, device: str = "cpu"
+         ) -> list[dict[str, Any]]:
     """Per run (OneBitAdam keyword arguments): the starting parameters, then after every step the parameters,
-    moments, residuals (from the collective state_dict) and whether that step was compressed."""
+    moments, residuals (from the collective state_dict) and whether that step was compressed.  ``device``: where
+    the parameters, gradients and moments live (``"cuda"``: the rank's GPU)."""
     out = []
     for kwargs in runs:
-        model = Tiny(seed=rank)
+        model = Tiny(seed=rank).to(device)
         opt = ct.OneBitAdam(model.named_parameters(), check_every=1, **kwargs)
-        start = params(model)
+        start = host(model.named_parameters())
         record = []
         for step in range(steps):
             compressing = opt.compressing
             for name, p in model.named_parameters():
-                p.grad = torch.from_numpy(grad_of(rank, step, name))
+                p.grad = torch.from_numpy(grad_of(rank, step, name)).to(device)
             opt.step()
             state = opt.state_dict()
             moments = state["optimizer"]["state"]
             index = {n: i for i, n in enumerate(state["optimizer"]["param_groups"][0]["param_names"])}
             record.append({
-                "compressing": compressing, "params": params(model),
-                "m": {n: moments[i]["exp_avg"].numpy().copy() for n, i in index.items()},
-                "v": {n: moments[i]["exp_avg_sq"].numpy().copy() for n, i in index.items()},
+                "compressing": compressing, "params": host(model.named_parameters()),
+                "m": host((n, moments[i]["exp_avg"]) for n, i in index.items()),
+                "v": host((n, moments[i]["exp_avg_sq"]) for n, i in index.items()),
                 "residuals": {role: {n: t.numpy().copy() for n, t in r.items()}
                               for role, r in state["casync"]["residuals"].items()}})
         out.append({"start": start, "record": record, "plan": opt.plan.to_dict()})

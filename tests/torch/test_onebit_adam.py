@@ -209,3 +209,20 @@ def test_one_bit_adam_ends_near_full_precision_adam_on_least_squares():
     first = float(np.mean([r["adam"][0] for r in results]))
     assert tail["adam"] < 0.05 * first, tail  # the problem is learned
     assert tail["onebit_adam"] < 1.5 * tail["adam"], tail
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run where one exists; CI has none)")
+def test_cuda_parameters_follow_the_host_run(runs):
+    """Parameters, gradients and moments on the GPU (synced through host memory): the ranks stay bit-identical and
+    follow the CPU run (the GPU's float kernels may round differently, e.g. fused multiply-adds)."""
+    gpu = ok(run_ranks("tests.torch.onebit_adam_scenarios:rule", 2, runs=RUNS, steps=STEPS, device="cuda"))
+    for run in range(len(RUNS)):
+        for step in range(STEPS):
+            ours, theirs, host = gpu[0][run]["record"][step], gpu[1][run]["record"][step], runs[0][run]["record"][step]
+            assert ours["compressing"] == host["compressing"]
+            assert sorted(ours["residuals"]) == sorted(host["residuals"])
+            for key in ("params", "m", "v"):
+                for n in SHAPES:
+                    assert np.array_equal(ours[key][n], theirs[key][n]), (run, step, key, n)
+                    np.testing.assert_allclose(ours[key][n], host[key][n], rtol=1e-5, atol=1e-6,
+                                               err_msg=f"run {run}, step {step}, {key} {n}")
