@@ -1,6 +1,11 @@
-"""Deep Gradient Compression's worker-side tricks: momentum correction, momentum-factor masking, and the
-sparsity warm-up schedule.  Error feedback itself (DGC's local gradient accumulation) is the plan's job."""
+"""Deep Gradient Compression's worker-side tricks (Lin et al. 2018): local gradient clipping, momentum correction,
+momentum-factor masking and the sparsity warm-up schedule.  Error feedback itself (DGC's local gradient
+accumulation) is the plan's job.  Shared by the Ray Trainer and ``casync.torch`` (hook and DistributedOptimizer);
+Ray-free, so torchrun processes import it without Ray."""
 from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +30,69 @@ def step_codecs(step: int, full: bool, codecs: dict, warmup: dict, start: float,
     return out, density
 
 
+def dgc_codecs(plan: Any, momentum_masking: bool, warmup_steps: int) -> dict[str, Any]:
+    """Check the DGC options against ``plan``'s codecs; returns the codecs (by key) the sparsity warm-up thins
+    out (empty without ``warmup_steps``).  Masking reads sent coordinates off error-feedback residuals, so it
+    needs sparse codecs with error feedback; the warm-up needs sparse codecs with a ``ratio``."""
+    sparse = {key: c for key, c in plan.codecs.items() if c.sparse}
+    used = {b.name: b.codec for b in plan.buckets}
+    if momentum_masking:
+        dense = [f"{name} ({c})" for name, c in used.items() if not c.sparse]
+        if dense:
+            raise ValueError(f"momentum_masking needs sparse codecs (topk, randomk); bucket(s) {dense[:3]} "
+                             "use dense ones")
+        if not plan.options["error_feedback"]:
+            raise ValueError("momentum_masking reads the sent coordinates off error-feedback residuals: "
+                             "error_feedback must be on")
+    if warmup_steps:
+        unusable = [str(c) for c in sparse.values() if not hasattr(c, "ratio")]
+        if not sparse or unusable:
+            raise ValueError(f"warmup_steps needs a sparse codec with a ratio (topk, randomk); the plan uses "
+                             f"{sorted({str(c) for c in used.values()})}")
+        return sparse
+    return {}
+
+
+def check_no_momentum(optimizer: torch.optim.Optimizer, what: str = "the optimizer") -> None:
+    """Momentum correction moves momentum before compression: ``optimizer`` must have none of its own (SGD's
+    ``momentum``, or the first ``betas`` of Adam-like optimizers), else momentum would be applied twice."""
+    for group in optimizer.param_groups:
+        betas = group.get("betas")
+        if group.get("momentum") or (isinstance(betas, (tuple, list)) and betas and betas[0]):
+            kind = f"momentum={group.get('momentum')}" if group.get("momentum") else f"betas={tuple(betas)}"
+            raise ValueError(f"momentum_correction applies momentum before compression; {what} has momentum of its "
+                             f"own ({kind}; it would be applied twice): use momentum=0 (plain SGD)")
+
+
+def clip_by_global_norm(tensors: Sequence[torch.Tensor], clip_norm: float, workers: int) -> float:
+    """DGC's local gradient clipping (section 3.3): scale this worker's gradients in place by
+    ``threshold / norm`` when their global L2 norm exceeds ``threshold = clip_norm / sqrt(workers)`` (each worker's
+    share of a global threshold, for workers with alike gradient distributions).  Returns the norm before
+    clipping; a non-finite norm clips nothing (the NaN/Inf policy decides about such a step)."""
+    if not tensors:
+        return 0.0
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32)
+                                                       for t in tensors])))
+    threshold = clip_norm / math.sqrt(workers)
+    if math.isfinite(norm) and norm > threshold:
+        scale = threshold / norm
+        for t in tensors:
+            t.mul_(scale)
+    return norm
+
+
+def sent_mask(residuals: Mapping[str, np.ndarray], actor: str, bucket: str, partitions: Sequence[tuple[int, int]],
+              numel: int) -> np.ndarray:
+    """Where ``actor``'s error-feedback residuals of ``bucket`` are zero (flat bool): the coordinates whose
+    accumulated value its last compressed step sent (keys ``"<actor>/<bucket>/<part>"``, the engines')."""
+    sent = np.zeros(numel, dtype=bool)
+    for part, (a, b) in enumerate(partitions):
+        residual = residuals.get(f"{actor}/{bucket}/{part}")
+        if residual is not None:
+            np.equal(residual, 0, out=sent[a:b])
+    return sent
+
+
 class MomentumCorrection:
     """Per-worker momentum ``u`` moved before compression (DGC): ``u = m*u + g`` is what gets synchronized.
 
@@ -47,10 +115,21 @@ class MomentumCorrection:
 
     def mask(self, name: str, sent: np.ndarray) -> None:
         """Momentum-factor masking: forget the momentum of coordinates that were sent (``sent`` is flat bool)."""
-        self.buffers[name].view(-1)[torch.from_numpy(sent)] = 0.0
+        u = self.buffers[name]
+        u.view(-1)[torch.from_numpy(sent).to(u.device)] = 0.0
+
+    def mask_sent(self, residuals: Mapping[str, np.ndarray], actor: str,
+                  buckets: Mapping[str, tuple[Sequence[tuple[int, int]], int, Sequence[tuple[str, int, int]]]]) -> None:
+        """Mask every coordinate ``actor`` sent in its last compressed step (:func:`sent_mask`); ``buckets``:
+        bucket -> (partitions, numel, members as (name, start, stop))."""
+        for bucket, (partitions, numel, members) in buckets.items():
+            sent = sent_mask(residuals, actor, bucket, partitions, numel)
+            for name, start, stop in members:
+                if name in self.buffers:
+                    self.mask(name, sent[start:stop])
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {name: u.numpy().copy() for name, u in self.buffers.items()}
+        return {name: u.cpu().numpy().copy() for name, u in self.buffers.items()}
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         if state.keys() != self.buffers.keys():

@@ -26,6 +26,26 @@ def _real(name: str, value: Any, low: float, high: float, closed_high: bool = Fa
         raise ValueError(f"{name} must be in [{low}, {high}{']' if closed_high else ')'}, got {value}")
 
 
+def check_keepers(momentum_correction: float | None, momentum_masking: bool, warmup_steps: int,
+                  warmup_start_ratio: float, delayed_update: bool, full_sync_every: int | None) -> None:
+    """The DGC and CD-SGD options' values and the combinations that cannot work (shared with ``casync.torch``)."""
+    if momentum_correction is not None:
+        _real("momentum_correction", momentum_correction, 0.0, 1.0)
+    for flag, value in (("momentum_masking", momentum_masking), ("delayed_update", delayed_update)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, got {value!r}")
+    if momentum_masking and momentum_correction is None:
+        raise ValueError("momentum_masking masks the corrected momentum: set momentum_correction too")
+    if momentum_masking and delayed_update:
+        raise ValueError("momentum_masking needs step t's sent coordinates before step t+1's backward, "
+                         "which delayed_update overlaps with step t's sync; use one or the other")
+    _int("warmup_steps", warmup_steps, 0)
+    _real("warmup_start_ratio", warmup_start_ratio, 0.0, 1.0, closed_high=True)
+    if warmup_start_ratio == 0:
+        raise ValueError("warmup_start_ratio must be > 0")
+    _int("full_sync_every", full_sync_every, 1, allow_none=True)
+
+
 @dataclass(frozen=True)
 class TrainOptions:
     """Compression-aware optimisation and runtime settings of a :class:`casync.Trainer`.
@@ -69,21 +89,10 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         _int("seed", self.seed, 0)
-        if self.momentum_correction is not None:
-            _real("momentum_correction", self.momentum_correction, 0.0, 1.0)
-        for flag in ("momentum_masking", "delayed_update", "deterministic"):
-            if not isinstance(getattr(self, flag), bool):
-                raise TypeError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        if self.momentum_masking and self.momentum_correction is None:
-            raise ValueError("momentum_masking masks the corrected momentum: set momentum_correction too")
-        if self.momentum_masking and self.delayed_update:
-            raise ValueError("momentum_masking needs step t's sent coordinates before step t+1's backward, "
-                             "which delayed_update overlaps with step t's sync; use one or the other")
-        _int("warmup_steps", self.warmup_steps, 0)
-        _real("warmup_start_ratio", self.warmup_start_ratio, 0.0, 1.0, closed_high=True)
-        if self.warmup_start_ratio == 0:
-            raise ValueError("warmup_start_ratio must be > 0")
-        _int("full_sync_every", self.full_sync_every, 1, allow_none=True)
+        if not isinstance(self.deterministic, bool):
+            raise TypeError(f"deterministic must be True or False, got {self.deterministic!r}")
+        check_keepers(self.momentum_correction, self.momentum_masking, self.warmup_steps, self.warmup_start_ratio,
+                      self.delayed_update, self.full_sync_every)
         _int("check_every", self.check_every, 1)
         _real("timeout_s", self.timeout_s, 1e-3, float("inf"))
         _int("torch_threads", self.torch_threads, 1)

@@ -13,33 +13,19 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import torch
 
-from casync.primitives.codecs import Codec, get_codec
+from casync.primitives.codecs import Codec
 
 from ..engines.nonfinite import NonFiniteReport, raise_if_raising, voids_step
 from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, ReplicaMismatchError
-from ..plan.assemble import BucketChoice, assemble_plan
 from ..build import build_plan
-from ..plan.syncplan import SyncPlan
 from .checkpoint import read_checkpoint, write_checkpoint
 from .config import codec_from_json, codec_to_json, options_from_json, options_to_json
+from .dgc import check_no_momentum, dgc_codecs
 from .engine import StepRefs, TrainEngine
+from .full_sync import is_full_sync, lossless_twin
 from .options import TRAIN_BUCKET_BYTES, TrainOptions
 from .records import History, StepRecord
-
-
-def lossless_twin(plan: SyncPlan) -> SyncPlan:
-    """The same buckets, strategies and partitions with codec ``none``: the plan of a full-precision step.
-    Its node ids equal the plan's, so both share one timeline and one set of residual keys."""
-    groups = [(b.name, [m.spec for m in b.members]) for b in plan.buckets]
-    choices = [BucketChoice(strategy=b.strategy, codec=get_codec(None), partitions=len(b.partitions),
-                            two_way=b.two_way, servers=b.servers) for b in plan.buckets]
-    twin = assemble_plan(plan.tensors, plan.workers, groups, choices, error_feedback=plan.options["error_feedback"],
-                         op=plan.options["op"], options=dict(plan.options, codec=("none", {})))
-    if set(twin.graph.nodes) != set(plan.graph.nodes) or any(
-            a.partitions != b.partitions for a, b in zip(twin.buckets, plan.buckets)):
-        raise ValueError("full_sync_every: the uncompressed twin of this plan has a different structure")
-    return twin
 
 
 def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
@@ -144,30 +130,13 @@ class Trainer:
         optimizer = optimizer_fn(model.parameters())
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer_fn must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if self.options.momentum_correction is not None and any(g.get("momentum") for g in optimizer.param_groups):
-            raise ValueError("momentum_correction applies momentum before compression; optimizer_fn's optimizer "
-                             "has momentum of its own (it would be applied twice): use momentum=0")
+        if self.options.momentum_correction is not None:
+            check_no_momentum(optimizer, "optimizer_fn's optimizer")
         return model
 
     def _codec_options(self) -> dict[str, Codec]:
         """Check the DGC options against the plan's codecs; returns the codecs the warm-up thins out."""
-        sparse = {key: c for key, c in self.plan.codecs.items() if c.sparse}
-        used = {b.name: b.codec for b in self.plan.buckets}
-        if self.options.momentum_masking:
-            dense = [f"{name} ({c})" for name, c in used.items() if not c.sparse]
-            if dense:
-                raise ValueError(f"momentum_masking needs sparse codecs (topk, randomk); bucket(s) {dense[:3]} "
-                                 "use dense ones")
-            if not self.plan.options["error_feedback"]:
-                raise ValueError("momentum_masking reads the sent coordinates off error-feedback residuals: "
-                                 "error_feedback must be on")
-        if self.options.warmup_steps:
-            unusable = [str(c) for c in sparse.values() if not hasattr(c, "ratio")]
-            if not sparse or unusable:
-                raise ValueError(f"warmup_steps needs a sparse codec with a ratio (topk, randomk); the plan uses "
-                                 f"{sorted({str(c) for c in used.values()})}")
-            return sparse
-        return {}
+        return dgc_codecs(self.plan, self.options.momentum_masking, self.options.warmup_steps)
 
     def _json_config(self, workers: int, strategy: Any, codec: Any, plan_options: dict[str, Any]) -> dict[str, Any]:
         """What ``load`` needs to rebuild this trainer (a ClusterModel or Profile saved as a dict); options that
@@ -222,8 +191,7 @@ class Trainer:
         return out
 
     def _is_full(self, step: int) -> bool:
-        k = self.options.full_sync_every
-        return bool(k) and (step + 1) % k == 0
+        return is_full_sync(step, self.options.full_sync_every)
 
     def _check_step(self, step: int) -> bool:
         return (step + 1) % self.options.check_every == 0

@@ -237,15 +237,9 @@ class TrainWorker(StepSyncActor):
 
     def _mask_momentum(self) -> None:
         """Zero the corrected momentum where this worker's residual is zero: what it accumulated was sent."""
-        for bucket, parts in self._partitions.items():
-            sent = np.zeros(self._bucket_numel[bucket], dtype=bool)
-            for part, (a, b) in enumerate(parts):
-                residual = self.residuals.get(f"{self.name}/{bucket}/{part}")
-                if residual is not None:
-                    np.equal(residual, 0, out=sent[a:b])
-            for name in self._bucket_members[bucket]:
-                _, start, stop = self._slots[name]
-                self._momentum.mask(name, sent[start:stop])
+        self._momentum.mask_sent(self.residuals, self.name, {
+            bucket: (parts, self._bucket_numel[bucket], [(n, *self._slots[n][1:]) for n in self._bucket_members[bucket]])
+            for bucket, parts in self._partitions.items()})
 
     # -- inspection and state ------------------------------------------------------------------
     def param_hash(self) -> int:
