@@ -27,7 +27,7 @@ from ..engines.lanes import Lane
 from ..engines.nonfinite import GradientScan, NonFiniteReport, layouts
 from ..errors import NonFiniteGradientError, PlanMismatchError, ReplicaMismatchError, SyncError, SyncTimeoutError
 from ..plan.syncplan import SyncPlan
-from ..schedule import actor_shares
+from ..schedule import SECOND_PLAN_TRANSFERS, actor_shares
 from ..transport.torchdist import as_sync_error
 from .group import CasyncGroup
 
@@ -116,6 +116,7 @@ class StepOutcome:
     records: list[tuple] = field(default_factory=list)
     sent_bytes: int = 0
     raw_bytes: int = 0
+    full: bool = False  # synced uncompressed (the plan's lossless twin)
 
 
 class Background:
@@ -150,7 +151,8 @@ class Background:
 class PlanRunner:
     """Runs the share of ``actor`` (default ``worker:<rank>``) of ``plan`` over ``group``, one step at a time."""
 
-    def __init__(self, plan: SyncPlan, group: CasyncGroup, actors: list[str] | None = None, compute_threads: int = 1):
+    def __init__(self, plan: SyncPlan, group: CasyncGroup, actors: list[str] | None = None, compute_threads: int = 1,
+                 *, full_plan: SyncPlan | None = None):
         plan.require_executable("casync.torch")
         self.plan = plan
         self.group = group
@@ -160,10 +162,19 @@ class PlanRunner:
         share = actor_shares(plan)[self.actor]
         partitions = {b.name: list(b.partitions) for b in plan.buckets}
         channel = group.channel(plan, names)
+        scan = GradientScan.of(self.rank, layouts(plan)) if self.rank >= 0 else None
         self.executor = RankExecutor(share, plan.codecs, plan.seed, partitions, channel, group.timeout_s,
                                      compute_threads=compute_threads,
-                                     overwritable=results_over_gradients(plan, self.actor),
-                                     scan=GradientScan.of(self.rank, layouts(plan)) if self.rank >= 0 else None)
+                                     overwritable=results_over_gradients(plan, self.actor), scan=scan)
+        # full-precision steps (CD-SGD's) run the plan's uncompressed twin on the same channel, as the Trainer's do
+        self.full_executor: RankExecutor | None = None
+        if full_plan is not None:
+            full_plan.require_executable("casync.torch")
+            self.full_executor = RankExecutor(actor_shares(full_plan, SECOND_PLAN_TRANSFERS)[self.actor],
+                                              dict(plan.codecs, **full_plan.codecs), plan.seed, partitions, channel,
+                                              group.timeout_s, compute_threads=compute_threads, scan=scan)
+        self._running = self.executor  # the executor of the open (or last) step
+        self.full = False  # whether the open (or last) step is a full-precision one
         # the steps' result buffers, reused: every caller copies a step's results away before the next begins
         # (the hook into DDP's buckets, the optimizer into .grad, TorchDistEngine down its pipe)
         self.out = self.executor.new_result_buffers()
@@ -184,13 +195,19 @@ class PlanRunner:
         return self._lane
 
     # -- a step ------------------------------------------------------------------------------------------------
-    def begin(self, step: int) -> None:
-        """Open ``step``: post its receives (its transfers can arrive from now on)."""
+    def begin(self, step: int, full: bool = False, codecs: Mapping[str, Any] | None = None) -> None:
+        """Open ``step``: post its receives (its transfers can arrive from now on).  ``full``: sync it with the
+        uncompressed twin (``full_plan``; the residuals stay as they are); ``codecs``: this step's codec objects by
+        key where they differ from the plan's (DGC's sparsity warm-up; every rank passes the same)."""
         self._check_usable()
         if self.step is not None:
             raise SyncError(f"{self.actor}: step {step} begun while step {self.step} is still open")
+        if full and self.full_executor is None:
+            raise SyncError(f"{self.actor}: step {step} is a full-precision one but the runner has no full_plan")
+        executor = self.full_executor if full else self.executor
         try:
-            self.executor.begin(step, self.residuals, out=self.out, spares=self.spares)
+            self._running, self.full = executor, full
+            executor.begin(step, self.residuals, None if full else codecs, out=self.out, spares=self.spares)
         except BaseException as exc:
             self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
             raise self.broken from exc
@@ -201,7 +218,7 @@ class PlanRunner:
         ``results_here``: the step's results of the bucket are written into ``flat`` (see
         ``RankExecutor.provide``; for the buckets in :attr:`overwritable`).  The executor's ops scan it for
         NaN/Inf as they first read each partition."""
-        self.executor.provide(bucket, flat, None, results_here)
+        self._running.provide(bucket, flat, None, results_here)
 
     @property
     def overwritable(self) -> frozenset[str]:
@@ -218,14 +235,17 @@ class PlanRunner:
         if self.step is None:
             raise SyncError(f"{self.actor}: no step is open")
         step, self.step = self.step, None
+        executor = self._running
         try:
-            results, residuals, records = self.executor.finish()
+            results, residuals, records = executor.finish()
         except BaseException as exc:
             self.broken = as_sync_error(exc, f"{self.actor}, step {step}")
             raise self.broken from exc
-        reports = list(self.executor.nonfinite)
+        if self.full:  # the twin has no error feedback: the residuals are kept for the next compressed step
+            residuals = self.residuals
+        reports = list(executor.nonfinite)
         outcome = StepOutcome(step, results, residuals, records=records, nonfinite=reports,
-                              sent_bytes=self.executor.sent_bytes, raw_bytes=self.executor.raw_bytes)
+                              sent_bytes=executor.sent_bytes, raw_bytes=executor.raw_bytes, full=self.full)
         mode = self.plan.nonfinite
         if vote and mode != "propagate":
             flagged = self.group.all_sum(len(reports), f"step {step}: voting on NaN/Inf")
@@ -263,7 +283,7 @@ class PlanRunner:
         """Fail the step in flight with ``exc`` (its caller gave up on it, say a hook that raised on this rank):
         its threads stop, the peers waiting for this rank are told, and :meth:`run` raises.  Nothing when no
         step is in flight."""
-        self.executor.abort(exc)
+        self._running.abort(exc)
 
     def close(self) -> None:
         """Stop the lane; nothing else to release beyond the group (its owner closes it); a failed runner stays
