@@ -22,6 +22,11 @@ ends.  With a :class:`~casync.torch.state.CasyncState`:
   last bucket's hook waits for that too (DDP waits at the end of backward anyway), so a failure is raised there
   with its :mod:`casync.errors` type (a ``SyncError`` after which DDP, like the state, is unusable).
 
+DGC's keepers (``CasyncState(dgc_clip_norm=, momentum_correction=, momentum_masking=, warmup_steps=)``) change
+each bucket's gradients in DDP's buffer before it is synced (:mod:`casync.torch.hook_keepers`), in every
+iteration; the sparsity warm-up hands the plan's step its thinned codecs; masking runs once a compressed step's
+residuals are committed.
+
 fp16/bf16 buckets (a half-precision model) are synced as float32 on the host and cast back; GPU buckets are
 staged through host memory (the codecs run on the CPU; only compressed payloads cross the network).
 """
@@ -39,7 +44,9 @@ import torch.distributed as dist
 
 from ..engines.timeline import op_rows
 from ..errors import SyncError
+from ..training.dgc import step_codecs
 from ..transport.torchdist import as_sync_error
+from .hook_keepers import HookKeepers, check_model_optimizers, finite
 from .plans import plan_for_buckets
 from .runner import Background, StepOutcome
 from .state import CasyncState, plan_mismatch
@@ -126,6 +133,8 @@ class HookSession:
         self.stats: dict[str, Any] = {}
         self.last: tuple[_Step, list[tuple]] | None = None  # the last compressed iteration and its op records
         self.unseen: set[str] | None = None  # plan parameters DDP has not passed yet in the first compressed step
+        self.keeping: HookKeepers | None = None  # DGC's keepers, set up at the first hook call when asked for
+        self.warmup: dict[str, Any] = {}  # the plan's codecs the sparsity warm-up thins out
 
     # -- naming DDP's parameters -----------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -181,12 +190,34 @@ class HookSession:
                 raise TypeError(f"DDP's bucket of {names[:4]} holds {buffer.layout} gradients; casync syncs dense "
                                 "gradients only (e.g. nn.Embedding(sparse=False))")
             offsets = _offsets(bucket, buffer, params)
-            if state.compressing:
-                return self._compressed(bucket, buffer, names, offsets)
-            return self._warmup(bucket, buffer, names, offsets)
+            if state.keeper_options.dgc_clip_norm is not None or state.keeper_options.momentum_correction is not None:
+                if self.keeping is None:
+                    self._keep()
+                return self.keeping(bucket, buffer, names, offsets, self._dispatch)
+            return self._dispatch(bucket, buffer, names, offsets)
         except BaseException as exc:  # DDP's reducer is unusable after an exception in a hook; so is the state
+            if self.keeping is not None:
+                self.keeping.drop()
             state.fail(exc)
             raise
+
+    def _dispatch(self, bucket: dist.GradBucket, buffer: torch.Tensor, names: list[str], offsets: list[int]
+                  ) -> torch.futures.Future:
+        if self.state.compressing:
+            return self._compressed(bucket, buffer, names, offsets)
+        return self._warmup(bucket, buffer, names, offsets)
+
+    def _keep(self) -> None:
+        """DGC's keepers for the parameters DDP syncs (momentum buffers from a checkpoint, if any), after checking
+        that no optimizer of the model has momentum of its own (momentum correction)."""
+        state = self.state
+        synced, maybe = self.synced()
+        if state.keeper_options.momentum_correction is not None and not state.optimizer_checked:
+            check_model_optimizers(self.module)
+            state.optimizer_checked = True
+        params = dict(self.module.named_parameters())
+        shapes = {**maybe, **synced}
+        self.keeping = HookKeepers(state.make_keepers({n: params[n] for n in shapes}), shapes)
 
     def _warmup(self, bucket: dist.GradBucket, buffer: torch.Tensor, names: list[str], offsets: list[int]
                 ) -> torch.futures.Future:
@@ -217,12 +248,16 @@ class HookSession:
                     f.wait()
                 except Exception as exc:
                     raise state.fail(as_sync_error(exc, f"iteration {step}: uncompressed all-reduce")) from exc
+            voided = None
             if state.options.nonfinite == "skip":  # the sums are alike on every rank: all void the step, or none
                 voided = not all(bool(torch.isfinite(f.value()).all()) for f in warm)
                 if voided:
                     for f in warm:  # DDP copies these into the gradients once backward ends
                         f.value().zero_()
                 self.stats = {"step": step, "skipped": voided, "warm_up": True}
+            if state.keepers is not None and state.keepers.momentum is not None:  # u back if NaN/Inf reached it
+                state.keepers.finish(voided if voided is not None else
+                                     not all(bool(torch.isfinite(f.value()).all()) for f in warm))
             if state.plan is None and self._rebuilt():
                 self._build_plan()
             state.iter += 1
@@ -335,6 +370,8 @@ class HookSession:
                     self.where[m.spec.name] = (b.name, m.offset, m.spec.numel)
             self.exact = {tuple(m.spec.name for m in b.members): b.name for b in state.plan.buckets}
         state.check_plan_once()
+        if first:
+            self.warmup = state.keeper_options.warmup_codecs(state.plan)
         step = state.iter
         if first or (state.check_every and step % state.check_every == 0):  # and at this process's first step
             params = dict(self.module.named_parameters())
@@ -343,13 +380,19 @@ class HookSession:
         ctx.background = Background(lambda: self._run(ctx), f"casync-step-{step}", lane=state.runner.lane)
         return ctx
 
+    def _codecs(self, step: int) -> dict[str, Any] | None:
+        """The step's codecs under DGC's sparsity warm-up (None: the plan's), counted in iterations done."""
+        options = self.state.keeper_options
+        return step_codecs(step, False, self.state.plan.codecs, self.warmup, options.warmup_start_ratio,
+                           options.warmup_steps)[0]
+
     def _run(self, ctx: _Step) -> StepOutcome:
         """Background thread: open the step (post its receives: off backward's thread, whose every call that lets
         the GIL go can wait for this rank's other threads), hand over the buckets that came in meanwhile, run the
         step's ops to the end, then complete every DDP bucket's future."""
         state = self.state
         try:
-            state.runner.begin(ctx.step)
+            state.runner.begin(ctx.step, codecs=self._codecs(ctx.step))
             if state.error is not None:  # the hook failed on backward's thread before the step was open
                 state.runner.abort(state.error)
             with ctx.lock:
@@ -365,6 +408,9 @@ class HookSession:
             raise
         if not outcome.skipped:
             state.runner.commit(outcome)
+        if state.keepers is not None and state.keepers.momentum is not None:
+            state.keepers.finish(outcome.skipped or not finite(outcome.results.values()), state.runner.residuals,
+                                 state.runner.actor, state.plan)
         state.iter = ctx.step + 1
         self.last = (ctx, outcome.records)  # made into rows only when asked for (CasyncState.timeline)
         self.stats = {"step": ctx.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,

@@ -4,8 +4,9 @@
 casync's process groups on first use, starts the plan's runner, guards consistency (at the first sync all
 ranks compare plan fingerprints; every ``check_every`` steps they compare parameter CRCs) and saves / restores
 exactly.  A state dict holds the plan (JSON), the number of steps done and every rank's error-feedback
-residuals keyed by role and parameter name (``casync.torch.residuals``); it is gathered from every rank, so
-one rank's checkpoint file resumes all of them.
+residuals keyed by role and parameter name (``casync.torch.residuals``), and with DGC's momentum correction
+every rank's momentum buffers and the keepers' options (``casync.torch.keepers``); it is gathered from every
+rank, so one rank's checkpoint file resumes all of them.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import numpy as np
 from ..engines.inputs import check_compute_threads
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
+from ..training.dgc import check_no_momentum
+from ..training.full_sync import lossless_twin
 from .group import CasyncGroup
+from .keepers import KeeperOptions, LocalKeepers, check_saved_config, refuse_in_hook
 from .plans import SyncOptions
 from .residuals import check_named, from_named, to_named
 from .runner import (PlanRunner, check_replicas, check_same_plan, check_same_settings, parameters_crc,
@@ -38,7 +42,8 @@ class SyncState:
     """casync's side of one training job on this rank (see the module docstring)."""
 
     def __init__(self, options: SyncOptions, process_group: Any = None, timeout_s: float = 60.0,
-                 transport: str = "direct", check_every: int = 10, compute_threads: int = 1):
+                 transport: str = "direct", check_every: int = 10, compute_threads: int = 1, start_iter: int = 0,
+                 keepers: KeeperOptions | None = None):
         if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool) and 0 < timeout_s < 1e9):
             raise ValueError(f"timeout_s must be a finite positive number of seconds, got {timeout_s!r}")
         if transport not in ("direct", "gloo"):
@@ -46,7 +51,14 @@ class SyncState:
                              f"machines) or 'gloo', got {transport!r}")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
             raise ValueError(f"check_every must be an int >= 0 (0: never compare parameters), got {check_every!r}")
+        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
+            raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}")
         self.options = options
+        self.start_iter = start_iter  # the first start_iter steps sync uncompressed
+        self.keeper_options = keepers if keepers is not None else KeeperOptions()
+        self.keepers: LocalKeepers | None = None  # made by the owner once it knows the parameters and ranks
+        self.full_steps = False  # whether some steps run the plan's uncompressed twin (the runner then has it)
+        self._saved_momentum: dict[str, dict[str, Any]] = {}  # role -> buffers, loaded before the keepers exist
         self.compute_threads = check_compute_threads(compute_threads)
         self.process_group = process_group
         self.timeout_s = float(timeout_s)
@@ -72,7 +84,8 @@ class SyncState:
     def settings(self) -> dict[str, Any]:
         """What every rank must set alike besides the plan's options (first compared when the groups form, so a
         difference is an error naming it, not a timeout in a collective that only some ranks make)."""
-        return {"transport": self.transport, "check_every": self.check_every,
+        return {"transport": self.transport, "check_every": self.check_every, "start_iter": self.start_iter,
+                "keepers": self.keeper_options.config(),
                 # what load_state_dict() restored (a checkpoint loaded on some ranks only, or different ones)
                 "steps done (load_state_dict)": self.iter,
                 "plan (load_state_dict)": plan_fingerprint(self.plan, self.options.config()) if self.plan else None}
@@ -86,7 +99,8 @@ class SyncState:
             if self.plan.workers != group.world:
                 raise ValueError(f"the plan (from the checkpoint) syncs {self.plan.workers} ranks but this job has "
                                  f"{group.world}; resume with the same number of ranks, or start casync's state anew")
-            runner = PlanRunner(self.plan, group, compute_threads=self.compute_threads)
+            runner = PlanRunner(self.plan, group, compute_threads=self.compute_threads,
+                                full_plan=lossless_twin(self.plan) if self.full_steps else None)
             runner.set_residuals(from_named(self.plan, self._saved, runner.actor))
             self._saved = {}
             self.runner = runner
@@ -133,6 +147,30 @@ class SyncState:
             merged.update(part)
         return merged
 
+    def make_keepers(self, params: Mapping[str, Any]) -> LocalKeepers:
+        """This rank's DGC state for ``params`` (name -> parameter), with the momentum buffers a checkpoint
+        restored (the group must exist: they are kept by role ``worker:<rank>``)."""
+        group = self.ensure_group()
+        keepers = LocalKeepers(self.keeper_options, params, group.world)
+        role = f"worker:{group.rank}"
+        if self._saved_momentum:
+            keepers.load(self._saved_momentum.get(role, {}), role)
+        self._saved_momentum = {}
+        self.keepers = keepers
+        return keepers
+
+    def _momentum(self) -> dict[str, dict[str, Any]]:
+        """Every rank's momentum buffers by role (collective once the group exists and momentum is on)."""
+        if self.keeper_options.momentum_correction is None:
+            return {}
+        if self.keepers is None or self.group is None:
+            return self._saved_momentum
+        merged: dict[str, dict[str, Any]] = {}
+        for part in self.group.gather_object({f"worker:{self.group.rank}": self.keepers.state()},
+                                             "gathering momentum-correction buffers for state_dict()"):
+            merged.update(part)
+        return merged
+
     def state_dict(self) -> dict[str, Any]:
         """The plan, the steps done and every rank's residuals by parameter name (tensors shaped like the
         parameters).  Collective once syncing has started: call it on every rank, save it from any one."""
@@ -145,7 +183,8 @@ class SyncState:
                      for role, params in sorted(self._residual_arrays().items())}
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "iteration": self.iter,
                 "plan": json.dumps(self.plan.to_dict(), separators=(",", ":")) if self.plan is not None else None,
-                "config": self.options.config(), "residuals": residuals}
+                "config": self.options.config(), "residuals": residuals,
+                "keepers": {"config": self.keeper_options.config(), "momentum": self._momentum()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (on every rank, before the first sync).  The saved plan is
@@ -169,6 +208,11 @@ class SyncState:
             raise ValueError("the checkpoint was saved with other casync options: " + ", ".join(
                 f"{k}={saved[k]!r} (now {config[k]!r})" for k in differ) + "; build the state with the saved "
                 "options to resume exactly, or leave casync's state out to start a new plan")
+        keepers = state.get("keepers") or {}
+        check_saved_config(keepers.get("config"), self.keeper_options)
+        momentum = keepers.get("momentum") or {}
+        if not isinstance(momentum, Mapping) or not all(isinstance(v, Mapping) for v in momentum.values()):
+            raise TypeError("the state's momentum buffers must map role -> {parameter: tensor}")
         plan = None
         if state.get("plan") is not None:
             plan = SyncPlan.from_dict(json.loads(state["plan"]), source="casync.torch state dict")
@@ -176,6 +220,12 @@ class SyncState:
         if state.get("residuals") and plan is None:
             raise ValueError("the state has residuals but no plan")
         self.plan, self.iter, self._saved = plan, iteration, residuals
+        self._saved_momentum = {role: dict(buffers) for role, buffers in momentum.items()}
+        if self.keepers is not None:  # made already (DistributedOptimizer's): restore into it
+            role = f"worker:{self.ensure_group().rank}"
+            if self._saved_momentum:
+                self.keepers.load(self._saved_momentum.get(role, {}), role)
+            self._saved_momentum = {}
         self._checked = False
 
     def check_parameters(self, params: Mapping[str, tuple[int, ...]],
@@ -223,7 +273,16 @@ class CasyncState(SyncState):
     them; ``bucket_bytes=`` has the planner fuse buckets of its own).  The first iterations sync uncompressed
     (an all-reduce on casync's group) until DDP has rebuilt its buckets (in its second iteration, the third with
     ``static_graph``; the plan then uses those buckets) and until ``start_iter``; they count as steps.
-    ``min_compress_bytes``: smaller buckets stay uncompressed.  ``nonfinite``: ``"propagate"`` (default: a
+    ``min_compress_bytes``: smaller buckets stay uncompressed.  DGC's accuracy keepers (``casync.torch.keepers``;
+    every iteration, the uncompressed ones included): ``dgc_clip_norm`` (local clipping of the rank's gradient
+    to a global L2 norm of ``dgc_clip_norm / sqrt(N)``: the hook then holds every bucket until DDP hands over the
+    iteration's last, and backward no longer overlaps the sync), ``momentum_correction=m`` (each rank syncs
+    ``u = m*u + g``; the optimizer must have no momentum: ``optimizer=`` is checked, or the optimizers holding the
+    model's parameters are found at the first iteration), ``momentum_masking`` (``u = 0`` where the rank's residual
+    is zero after a compressed iteration; sparse codecs with error feedback), ``warmup_steps`` /
+    ``warmup_start_ratio`` (a sparse codec keeps ``start * (ratio/start)**(i/warmup_steps)`` of the elements at
+    iteration ``i``, counted as ``state.iter``).  ``delayed_update``, ``local_compensation`` and
+    ``full_sync_every`` are refused (``HOOK_REFUSED`` says why).  ``nonfinite``: ``"propagate"`` (default: a
     GradScaler sees the overflow and skips the step) or ``"skip"`` (every rank gets zeros, residuals
     unchanged); ``"raise"`` is refused, since an exception inside backward leaves DDP unusable.  ``check_every``: compare the replicas' parameters every that many
     steps (0: never).  ``model``: the DDP module (or its wrapped module), to name parameters; by default the
@@ -235,21 +294,28 @@ class CasyncState(SyncState):
     def __init__(self, process_group: Any = None, strategy: Any = "ring", codec: Any = "onebit",
                  error_feedback: bool | str = "auto", start_iter: int = 0, min_compress_bytes: int = 0,
                  nonfinite: str = "propagate", *, model: Any = None, timeout_s: float = 60.0,
-                 check_every: int = 10, transport: str = "direct", compute_threads: int = 1, **plan_options: Any):
+                 check_every: int = 10, transport: str = "direct", compute_threads: int = 1,
+                 dgc_clip_norm: float | None = None, momentum_correction: float | None = None,
+                 momentum_masking: bool = False, warmup_steps: int = 0, warmup_start_ratio: float = 0.25,
+                 optimizer: Any = None, **plan_options: Any):
+        refuse_in_hook(plan_options)
         options = SyncOptions.make(strategy, codec, error_feedback, min_compress_bytes, nonfinite, plan_options,
                                    fixed_buckets=True)
         if nonfinite == "raise":
             raise ValueError("nonfinite='raise' cannot be used in a DDP comm hook: an exception inside backward leaves "
                              "DDP's reducer unusable; use 'propagate' (a GradScaler then skips the step) or 'skip'")
-        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
-            raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}")
-        super().__init__(options, process_group, timeout_s, transport, check_every, compute_threads)
-        self.start_iter = start_iter
+        keepers = KeeperOptions(dgc_clip_norm=dgc_clip_norm, momentum_correction=momentum_correction,
+                                momentum_masking=momentum_masking, warmup_steps=warmup_steps,
+                                warmup_start_ratio=warmup_start_ratio)
+        if not options.planned:
+            keepers.check_codec(codec, error_feedback)
+        if optimizer is not None and momentum_correction is not None:
+            check_no_momentum(optimizer)
+        super().__init__(options, process_group, timeout_s, transport, check_every, compute_threads, start_iter,
+                         keepers)
         self.model = model
+        self.optimizer_checked = optimizer is not None
         self.session: Any = None  # casync.torch.hook's per-process bookkeeping, made at the first hook call
-
-    def settings(self) -> dict[str, Any]:
-        return {**super().settings(), "start_iter": self.start_iter}
 
     def timeline(self) -> list[dict[str, Any]]:
         """This rank's per-op rows of the last compressed iteration (``RayEngine.timeline``'s fields, times in
