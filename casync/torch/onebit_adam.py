@@ -24,6 +24,10 @@ every step then ``1/sqrt(1-b2**K)`` times too large (3.2x for ``b2=0.999`` and `
 steps are up to ``(1-b1)/sqrt(1-b2)`` (3.2x) too large.  The momentum's correction ``1-b1**t`` goes on past the
 warm-up (it tends to 1; the synced momentum is still an average started at zero).
 
+Where the variance froze at exactly zero (no gradient in the whole warm-up: a dead unit, an unused embedding row)
+the update ``m/eps`` would be huge, and 1 bit cannot send the zero momentum such an element has: its synced
+momentum is set to zero and it is not updated (DeepSpeed's ``momentum_masks``, here derived from ``v_K``).
+
 The sync runs in :meth:`OneBitAdam.step` (no overlap with backward); a parameter without a gradient counts as a
 zero gradient (every rank syncs every parameter every step).
 """
@@ -229,7 +233,7 @@ class OneBitAdam(torch.optim.Optimizer):
         for _, p, synced in self._results(outcome.results):
             options, state = self._group_of[id(p)], self._state(p)
             beta1, beta2 = options["betas"]
-            state["exp_avg"].copy_(synced)
+            state["exp_avg"].copy_(synced).masked_fill_(state["exp_avg_sq"] == 0, 0)  # see the module docstring
             c1, c2 = corrections(beta1, beta2, t, self.warmup_steps, self.bias_correction)
             apply_update_(p, state["exp_avg"], state["exp_avg_sq"], float(options["lr"]), options["eps"],
                           options["weight_decay"], c1, c2)

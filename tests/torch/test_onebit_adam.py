@@ -145,9 +145,12 @@ def test_onebit_momentum_sync_with_worker_and_server_error_feedback_by_hand(runs
         after = record[step]["residuals"]
         np.testing.assert_allclose(flat(after["worker:1"]), pushed - sent, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(flat(after["server:0"]), corrected - synced, rtol=1e-5, atol=1e-6)
+        dead = flat(record[k - 1]["v"]) == 0  # b[0]: no gradient in the warm-up, so no update after it
+        assert dead.sum() == 1
         got = flat(record[step]["m"])
-        np.testing.assert_allclose(got, synced, rtol=1e-6, atol=0)
-        assert len(np.unique(np.abs(got))) == 1  # one scale: 1 bit per element
+        np.testing.assert_allclose(got, np.where(dead, 0, synced), rtol=1e-6, atol=0)
+        assert len(np.unique(np.abs(got[~dead]))) == 1  # one scale: 1 bit per element
+        assert record[step]["params"]["b"][0] == record[step - 1]["params"]["b"][0] * np.float32(1 - LR * wd)  # decay only
         for n, m in unflat(got).items():  # the update, with the synced momentum and the frozen variance
             p = t(record[step - 1]["params"][n])
             p.mul_(1 - LR * wd).addcdiv_(t(m), t(record[k - 1]["v"][n]).sqrt().add_(EPS), value=-LR)
@@ -158,6 +161,7 @@ def test_resume_is_bit_exact_mid_warm_up_and_mid_compression():
     rank0, rank1 = ok(run_ranks("tests.torch.onebit_adam_scenarios:resume", 2))
     for rank, r in enumerate((rank0, rank1)):
         assert r["roles"] == ["server:0", "worker:1"]  # the checkpoint mid-compression holds both ends' residuals
+        assert all(np.isfinite(v).all() for v in r["straight"].values())  # dead ReLUs' frozen v = 0: not updated
         for stop in (1, 4):
             for name, value in r["straight"].items():
                 assert np.array_equal(r["resumed"][stop][name], value), (rank, stop, name)
