@@ -39,11 +39,9 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -53,6 +51,7 @@ from ..engines.memory import keep_freed_memory
 from ..sim.costmodel import ClusterModel
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
 from .predict import plan_choices
+from .ranks import RankError, RankLauncher, run_ranks
 
 BASELINES: dict[str, str] = {
     "gloo-tensor": "gloo all_reduce, per tensor",
@@ -74,18 +73,8 @@ POWERSGD_START_ITER = 2  # the smallest PyTorch allows with error feedback / war
 DDP_SETTLE_ITERS = 10
 
 
-class BaselineError(RuntimeError):
+class BaselineError(RankError):
     """A baseline rank failed or did not finish in time; the message carries its output."""
-
-
-@dataclass(frozen=True)
-class RankLauncher:
-    """How rank ``r`` of a baseline starts: a command prefix, extra environment, and the rendezvous host."""
-
-    master_addr: str
-    prefix: Callable[[int], list[str]]
-    env: Callable[[int], dict[str, str]]
-    port: Callable[[], int]
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -137,12 +126,17 @@ def _timed_hook(hook: Callable, marks: list[tuple[str, float]]) -> Callable:
 
         return fut.then(done)
 
+    return _annotated(wrapper)
+
+
+def _annotated(hook: Callable) -> Callable:
+    """``hook`` with the annotations DDP checks a comm hook's for (this module's are strings, from
+    ``__future__`` annotations, which DDP refuses)."""
     import torch
     import torch.distributed as dist
 
-    # DDP checks the hook's annotations (this module's are strings, from __future__ annotations)
-    wrapper.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
-    return wrapper
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}
+    return hook
 
 
 def _no_communication(state: Any, bucket: Any) -> Any:
@@ -171,6 +165,31 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
         return last[0]
 
     return serial
+
+
+def ddp_hook(variant: str, seed: int = 0, compute_threads: int = 1, cluster: Any = None,
+             **casync_options: Any) -> tuple[Any, Callable]:
+    """``(state, hook)`` of a DDP row for ``ddp.register_comm_hook``: PyTorch's allreduce, fp16 or PowerSGD hook
+    (PowerSGD seeded with ``seed``, one bucket at a time), casync's for ``ddp-casync:...`` (``compute_threads``,
+    ``cluster`` and ``casync_options`` go to its ``CasyncState``), or the hook without communication."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if variant == "ddp":
+        return None, default_hooks.allreduce_hook
+    if variant == "ddp-fp16":
+        return None, default_hooks.fp16_compress_hook
+    if variant.startswith("ddp-powersgd-r"):
+        rank = int(variant.rsplit("r", 1)[1])
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                            start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True,
+                                            warm_start=True, random_seed=seed)
+        return state, _annotated(_one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
+    if is_hook(variant):
+        return casync_hook(variant, compute_threads, cluster, **casync_options)
+    if variant == NO_COMMUNICATION:
+        return None, _annotated(_no_communication)
+    raise ValueError(f"unknown DDP row {variant!r}; choose from {[b for b in BASELINES if b.startswith('ddp')]} "
+                     "or ddp-casync:<strategy>:<codec>")
 
 
 def _last_start(gathered: list[dict[str, Any]]) -> float:
@@ -206,7 +225,6 @@ def _rank_main(args: argparse.Namespace) -> None:
 
     import torch
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     keep_freed_memory()  # what `import casync.torch` at the top of a script does, before torch starts threads
     torch.set_num_threads(1)
@@ -259,27 +277,9 @@ def _rank_main(args: argparse.Namespace) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_BYTES / 2**20,
                                                             gradient_as_bucket_view=True)
             marks: list[tuple[str, float]] = []
-            state: Any = None
-            if variant == "ddp":
-                hook = default_hooks.allreduce_hook
-            elif variant == "ddp-fp16":
-                hook = default_hooks.fp16_compress_hook
-                payload = 2 * numel
-            elif variant.startswith("ddp-powersgd-r"):
-                state = powerSGD_hook.PowerSGDState(process_group=None,
-                                                    matrix_approximation_rank=int(variant.rsplit("r", 1)[1]),
-                                                    start_powerSGD_iter=POWERSGD_START_ITER, use_error_feedback=True,
-                                                    warm_start=True, random_seed=args.seed)
-                hook = powerSGD_hook.powerSGD_hook
-            elif is_hook(variant):
-                state, hook = casync_hook(variant, args.compute_threads, cluster)
-            elif variant == NO_COMMUNICATION:
-                hook, payload = _no_communication, 0
-            else:
-                raise ValueError(f"unknown baseline {variant!r}; choose from {list(BASELINES)}")
+            state, hook = ddp_hook(variant, args.seed, args.compute_threads, cluster)
+            payload = 2 * numel if variant == "ddp-fp16" else 0 if variant == NO_COMMUNICATION else payload
             powersgd = variant.startswith("ddp-powersgd")
-            if powersgd:
-                hook = _one_bucket_at_a_time(hook)
             ddp.register_comm_hook(state, _timed_hook(hook, marks))
             for i in range(warmup + iters):
                 if i == warmup:
@@ -361,48 +361,15 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
         return {}
     with tempfile.TemporaryDirectory(prefix="casync-baseline-") as tmp:
         result = Path(tmp) / "result.json"
-        master = f"{launcher.master_addr}:{launcher.port()}"
-        procs, logs = [], []
-        try:
-            for rank in range(workers):
-                log = open(Path(tmp) / f"rank{rank}.log", "w+")
-                logs.append(log)
-                # -c, not -m: casync.bench imports this module first, and -m would run it a second time (with
-                # a RuntimeWarning at the top of every rank's output)
-                cmd = launcher.prefix(rank) + [sys.executable, "-c", "from casync.bench.baselines import main; main()",
-                                               "--rank", str(rank),
-                                               "--world", str(workers), "--master", master, "--model", model,
-                                               "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
-                                               "--variants", ",".join(variants), "--result", str(result),
-                                               "--timeout", str(int(timeout_s)),
-                                               "--compute-threads", str(compute_threads)] + (["--check"] if check else []) \
-                    + (["--cluster", json.dumps(cluster.to_dict())] if cluster is not None else [])
-                # CPU ranks: see the module docstring for why GPUs are hidden from them
-                env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **launcher.env(rank))
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                              start_new_session=True))
-            deadline = time.monotonic() + timeout_s
-            while any(p.poll() is None for p in procs):
-                failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-                if failed or time.monotonic() > deadline:
-                    rank = failed[0] if failed else 0
-                    logs[rank].seek(0)
-                    why = f"rank {rank} exited with {procs[rank].returncode}" if failed else \
-                        f"no result within {timeout_s:.0f}s"
-                    raise BaselineError(f"baselines {list(variants)} on {model}, {workers} ranks: {why}; its output:\n"
-                                        + logs[rank].read()[-3000:])
-                time.sleep(0.1)
-            if procs[0].returncode != 0 or not result.exists():
-                logs[0].seek(0)
-                raise BaselineError(f"baseline rank 0 wrote no result; its output:\n{logs[0].read()[-3000:]}")
-            raw = json.loads(result.read_text())
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            for log in logs:
-                log.close()
+        args = ["--model", model, "--seed", str(seed), "--iters", str(iters), "--warmup", str(warmup),
+                "--variants", ",".join(variants), "--result", str(result), "--timeout", str(int(timeout_s)),
+                "--compute-threads", str(compute_threads)] + (["--check"] if check else []) \
+            + (["--cluster", json.dumps(cluster.to_dict())] if cluster is not None else [])
+        run_ranks(launcher, workers, "from casync.bench.baselines import main; main()", args, timeout_s=timeout_s,
+                  what=f"baselines {list(variants)} on {model}, {workers} ranks", error=BaselineError)
+        if not result.exists():
+            raise BaselineError("baseline rank 0 wrote no result")
+        raw = json.loads(result.read_text())
     for entry in raw.values():
         entry.setdefault("wire_bytes", 2 * (workers - 1) * entry["payload_bytes"])
         entry.setdefault("dense_wire_bytes", 2 * (workers - 1) * entry["dense_bytes"])

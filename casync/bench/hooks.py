@@ -62,12 +62,13 @@ def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
     return args
 
 
-def casync_hook(name: str, compute_threads: int = 1, cluster: Any = None) -> tuple[Any, Any]:
+def casync_hook(name: str, compute_threads: int = 1, cluster: Any = None, **options: Any) -> tuple[Any, Any]:
     """Inside a rank: the ``CasyncState`` and the hook of the row (the replica check off: it is not sync time),
-    running ``compute_threads`` ops at once; ``cluster``: what an ``auto`` row plans for."""
+    running ``compute_threads`` ops at once; ``cluster``: what an ``auto`` row plans for; ``options``: more
+    ``CasyncState`` keyword arguments (error feedback, start_iter, the accuracy keepers)."""
     import casync.torch as ct
 
     args = hook_arguments(name, cluster)
     if args["strategy"] == "auto" and "cluster" not in args:
         raise ValueError(f"{name!r}: an auto row plans for the setup's cluster model; none was given")
-    return ct.CasyncState(check_every=0, compute_threads=compute_threads, **args), ct.comm_hook
+    return ct.CasyncState(**{"check_every": 0, "compute_threads": compute_threads, **args, **options}), ct.comm_hook
