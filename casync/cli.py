@@ -1,5 +1,5 @@
-"""The ``casync`` command line: ``plan`` (build, print, draw), ``bench`` (compare strategies), ``train``
-(data-parallel training on digits), listings."""
+"""The ``casync`` command line: ``plan`` (build, print, draw), ``bench`` (compare strategies), ``tta`` (time to
+accuracy on a real task), ``train`` (data-parallel training on digits), listings."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench.cli import run
 
     return run(args, prog="casync bench")
+
+
+def cmd_tta(args: argparse.Namespace) -> int:
+    from .bench.tta.cli import run
+
+    return run(args, prog="casync tta")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -287,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)
+
+    a = sub.add_parser("tta", help="time to accuracy: train a real task (lm | image) with casync's configurations and "
+                                   "PyTorch's DDP hooks (table, plots, JSON)")
+    from .bench.tta.cli import add_arguments as add_tta_arguments
+
+    add_tta_arguments(a)
+    a.set_defaults(func=cmd_tta)
 
     m = sub.add_parser("simulate", help="plan (auto by default) and simulate one iteration on a cluster model")
     m.add_argument("--model", default="resnet50", help="built-in model name (see `casync models`)")

@@ -3,9 +3,10 @@
 #
 #   netem.sh up   [--nodes 4] [--rate 1gbit] [--delay 100us]   network + Ray head (csnh) + one Ray node per csnI
 #   netem.sh down                                               stop every process in the namespaces, remove them
-#   netem.sh run  [--nodes 4] [--rate 1gbit] [--delay 100us] [-- ARGS]
+#   netem.sh run  [--nodes 4] [--rate 1gbit] [--delay 100us] [--job bench|tta] [-- ARGS]
 #                 up, check the links with an actor-to-actor transfer, run
-#                 benchmarks/compare_strategies.py --netem ARGS inside csnh, and always down (trap)
+#                 benchmarks/compare_strategies.py --netem ARGS inside csnh (--job tta: `casync tta --netem ARGS`,
+#                 the time-to-accuracy mode, its gloo rank r in csn{r+1}), and always down (trap)
 #   netem.sh exec CMD...                                        run CMD in csnh with the cluster's address/token
 #
 # The head runs in csnh (10.77.0.1, no CPUs: the GCS, the driver and its object store); node I runs in
@@ -103,13 +104,19 @@ cmd_exec() {
 }
 
 cmd_run() {
-    local up_args=() bench_args=()
+    local up_args=() bench_args=() job=bench
     while [ $# -gt 0 ]; do
         case "$1" in
             --) shift; bench_args=("$@"); break ;;
+            --job) job=${2:-}; shift 2 || shift ;;
             *) up_args+=("$1"); shift ;;
         esac
     done
+    case "$job" in
+        bench) local job_cmd=(benchmarks/compare_strategies.py) job_flag="" ;;
+        tta) local job_cmd=(-m casync tta) job_flag=" --job tta" ;;
+        *) log "unknown --job '$job' (bench: benchmarks/compare_strategies.py; tta: casync tta)"; exit 2 ;;
+    esac
     if [ -f "$STATE_DIR/ray.env" ] || ip netns list 2>/dev/null | grep -qE '^csn'; then
         log "an emulated cluster is already up (someone else's run, or a leftover: netem.sh down)"; exit 1
     fi
@@ -120,8 +127,8 @@ cmd_run() {
     ray_env
     cd "$REPO" || exit 1
     ip netns exec csnh "$PY" benchmarks/netem/check_links.py --nodes "$NETEM_NODES" --out-env "$STATE_DIR/links.env" || exit 1
-    CASYNC_BENCH_LAUNCH="benchmarks/netem/netem.sh run ${up_args[*]} -- ${bench_args[*]}" \
-        ip netns exec csnh "$PY" benchmarks/compare_strategies.py --netem "$STATE_DIR/links.env" "${bench_args[@]}"
+    CASYNC_BENCH_LAUNCH="benchmarks/netem/netem.sh run ${up_args[*]}$job_flag -- ${bench_args[*]}" \
+        ip netns exec csnh "$PY" "${job_cmd[@]}" --netem "$STATE_DIR/links.env" "${bench_args[@]}"
 }
 
 main() {
@@ -132,7 +139,7 @@ main() {
         down) require; cmd_down ;;
         run) require; cmd_run "$@" ;;
         exec) require; cmd_exec "$@" ;;
-        *) echo "usage: $0 up [--nodes N] [--rate 1gbit] [--delay 100us] | down | run [...] [-- ARGS] | exec CMD..." >&2
+        *) echo "usage: $0 up [--nodes N] [--rate 1gbit] [--delay 100us] | down | run [...] [--job bench|tta] [-- ARGS] | exec CMD..." >&2
            exit 2 ;;
     esac
 }
