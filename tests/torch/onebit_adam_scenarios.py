@@ -116,15 +116,15 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
 
 
 def least_squares(rank: int, world: int, runs: dict[str, dict[str, Any]], steps: int = 300, dim: int = 64,
-                  rows: int = 256) -> dict[str, list[float]]:
-    """Each rank's least-squares problem (its own rows of one linear model plus noise), minibatches of 16: per
-    run, the loss on the rank's full data after every step.  ``runs``: name -> ``{"adam": OneBitAdam kwargs}``
-    or ``{"plain": DistributedOptimizer kwargs}`` (wrapping torch.optim.Adam)."""
+                  rows: int = 256, scale: float = 1.0, noise: float = 0.1) -> dict[str, list[float]]:
+    """Each rank's least-squares problem (its own rows of one linear model, weights ``scale * N(0, 1)``, plus
+    ``noise``), minibatches of 16: per run, the loss on the rank's full data after every step.  ``runs``: name ->
+    ``{"adam": OneBitAdam kwargs}`` or ``{"plain": DistributedOptimizer kwargs}`` (wrapping torch.optim.Adam)."""
     g = torch.Generator().manual_seed(7)
-    truth = torch.randn(dim, 1, generator=g)
+    truth = scale * torch.randn(dim, 1, generator=g)
     mine = torch.Generator().manual_seed(100 + rank)
     x = torch.randn(rows, dim, generator=mine)
-    y = x @ truth + 0.1 * torch.randn(rows, 1, generator=mine)
+    y = x @ truth + noise * torch.randn(rows, 1, generator=mine)
     out = {}
     for name, spec in runs.items():
         torch.manual_seed(0)

@@ -206,14 +206,18 @@ def test_bad_parameters_are_refused_naming_them():
 
 
 def test_one_bit_adam_ends_near_full_precision_adam_on_least_squares():
-    runs = {"adam": {"plain": dict(lr=0.02, codec="none")},
-            "onebit_adam": {"adam": dict(lr=0.02, warmup_steps=30, codec="onebit")}}
-    results = ok(run_ranks("tests.torch.onebit_adam_scenarios:least_squares", 2, runs=runs))
-    tail = {name: float(np.mean([r[name][-100:] for r in results])) for name in runs}  # time-averaged, both ranks
+    """Minibatch noise dominates the gradients (so Adam's variance settles, 1-bit Adam's premise): after a warm-up
+    of 30 steps 1-bit Adam's loss, averaged over the last 70 steps and both ranks, is within 15 % of Adam's (when
+    this was written: 0.278 against Adam's 0.294; onebit with error feedback under plain Adam 0.304, 1-bit Adam
+    without bias correction, DeepSpeed's rule, 0.616; the noise floor is 0.25)."""
+    runs = {"adam": {"plain": dict(lr=0.05, codec="none")},  # DistributedOptimizer(torch.optim.Adam), uncompressed
+            "onebit_adam": {"adam": dict(lr=0.05, warmup_steps=30, codec="onebit")}}
+    results = ok(run_ranks("tests.torch.onebit_adam_scenarios:least_squares", 2, runs=runs, steps=200, dim=32,
+                           scale=0.3, noise=0.5))
+    tail = {name: float(np.mean([r[name][-70:] for r in results])) for name in runs}
     first = float(np.mean([r["adam"][0] for r in results]))
-    assert tail["adam"] < 0.05 * first, tail  # the problem is learned
-    assert tail["onebit_adam"] < 1.5 * tail["adam"], tail
-
+    assert tail["adam"] < 0.15 * first, (first, tail)  # the problem is learned (down to about its noise, 0.25)
+    assert tail["onebit_adam"] < 1.15 * tail["adam"], tail
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run where one exists; CI has none)")
 def test_cuda_parameters_follow_the_host_run(runs):
