@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401  (preloaded with this module by the forkserver: a first optimizer imports it, 4 s)
 
 import casync.torch as ct
 from tests.torch.scenarios import batch, mlp, params

@@ -150,7 +150,8 @@ def test_onebit_momentum_sync_with_worker_and_server_error_feedback_by_hand(runs
         got = flat(record[step]["m"])
         np.testing.assert_allclose(got, np.where(dead, 0, synced), rtol=1e-6, atol=0)
         assert len(np.unique(np.abs(got[~dead]))) == 1  # one scale: 1 bit per element
-        assert record[step]["params"]["b"][0] == record[step - 1]["params"]["b"][0] * np.float32(1 - LR * wd)  # decay only
+        decayed = record[step - 1]["params"]["b"][0] * np.float32(1 - LR * wd)
+        assert record[step]["params"]["b"][0] == decayed  # the dead unit: decay only
         for n, m in unflat(got).items():  # the update, with the synced momentum and the frozen variance
             p = t(record[step - 1]["params"][n])
             p.mul_(1 - LR * wd).addcdiv_(t(m), t(record[k - 1]["v"][n]).sqrt().add_(EPS), value=-LR)
