@@ -109,6 +109,9 @@ class OneBitAdam(torch.optim.Optimizer):
         self._checked = False
         self._flats: dict[str, np.ndarray] = {}
         self._group_of: dict[int, dict[str, Any]] = {}
+        #: the last step, as the DDP hook's and DistributedOptimizer's: ``{"step", "warm_up": True}`` after a warm-up
+        #: step, ``{"step", "sent_bytes", "raw_bytes", "warm_up": False}`` (this rank's sends) after a compressed one
+        self.stats: dict[str, Any] = {}
         self._built = True
 
     # -- a step --------------------------------------------------------------------------------------------------
@@ -203,6 +206,7 @@ class OneBitAdam(torch.optim.Optimizer):
             future.wait()
         for flat in flats.values():
             flat /= np.float32(group.world)
+        self.stats = {"step": self._sync.iter, "warm_up": True}
         for _, p, grad in self._results(flats):
             options, state = self._group_of[id(p)], self._state(p)
             beta1, beta2 = options["betas"]
@@ -230,6 +234,8 @@ class OneBitAdam(torch.optim.Optimizer):
         outcome = Background(runner.run, f"casync-onebit-adam-{sync.iter}", lane=runner.lane).result(
             2 * sync.timeout_s + 30)
         runner.commit(outcome)
+        self.stats = {"step": outcome.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
+                      "warm_up": False}
         for _, p, synced in self._results(outcome.results):
             options, state = self._group_of[id(p)], self._state(p)
             beta1, beta2 = options["betas"]

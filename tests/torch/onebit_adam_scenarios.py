@@ -59,7 +59,7 @@ def rule(rank: int, world: int, runs: list[dict[str, Any]], steps: int, device: 
             moments = state["optimizer"]["state"]
             index = {n: i for i, n in enumerate(state["optimizer"]["param_groups"][0]["param_names"])}
             record.append({
-                "compressing": compressing, "params": host(model.named_parameters()),
+                "compressing": compressing, "stats": dict(opt.stats), "params": host(model.named_parameters()),
                 "m": host((n, moments[i]["exp_avg"]) for n, i in index.items()),
                 "v": host((n, moments[i]["exp_avg_sq"]) for n, i in index.items()),
                 "residuals": {role: {n: t.numpy().copy() for n, t in r.items()}

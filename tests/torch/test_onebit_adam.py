@@ -80,7 +80,11 @@ def test_the_switch_comes_at_step_k_and_the_variance_stays_frozen_from_there(run
     for spec, run in zip(RUNS, runs[0]):
         k, record = spec["warmup_steps"], run["record"]
         assert [r["compressing"] for r in record] == [False] * k + [True] * (STEPS - k)
+        assert [r["stats"]["warm_up"] for r in record] == [True] * k + [False] * (STEPS - k)
+        assert [r["stats"]["step"] for r in record] == list(range(STEPS))
         codec = spec["codec"]
+        if codec == "onebit":  # what this rank sent: one bit per element and a scale, not 4 bytes
+            assert all(0 < r["stats"]["sent_bytes"] < r["stats"]["raw_bytes"] / 8 for r in record[k:]), record[k:]
         for step, r in enumerate(record):
             assert bool(r["residuals"]) == (codec == "onebit" and step >= k), (codec, step)  # residuals from K+1
             if step >= k:
