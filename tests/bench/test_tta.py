@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 
 import numpy as np
 import pytest
@@ -13,8 +12,8 @@ import pytest
 from casync.bench.setup import local_setup
 from casync.bench.tta import configs as registry
 from casync.bench.tta.configs import CONFIGS, Config, resolve, run_options
-from casync.bench.tta.curves import reference_target, summarize, target_step, time_to_target
-from casync.bench.tta.report import table
+from casync.bench.tta.curves import reference_target, summarize, sync_share, target_step, time_to_target
+from casync.bench.tta.report import table, text_summary, write_report
 from casync.bench.tta.runner import eval_steps, run_tta
 from casync.cli import main
 from casync.tasks import get_task
@@ -89,6 +88,7 @@ def test_table_rows_say_speed_ups_never_reached_non_finite_and_the_floor():
     fp16 = next(r for r in result["summary"] if r["config"] == "fp16")
     assert fp16["problems"] == ["seed 1: non-finite loss at step 9 (rank 1); stopped at step 10"]
     assert next(r for r in result["summary"] if r["config"] == "ring/onebit")["fastest_hook"] == "powersgd-r1"
+    assert sync_share(result["summary"]) == pytest.approx(1 - 0.1 / 0.8)  # allreduce 800 ms a step, the floor 100
     # the same runs against a target nobody reaches: said in the table, no exception
     rows = {r[0]: r for r in table(_summary_result(runs, target=0.99))[1]}
     assert rows["allreduce"][4] == "not reached (0 of 2 seeds)" and rows["ring/onebit"][6:8] == ["", ""]
@@ -131,6 +131,14 @@ def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
     assert needle in err and "Traceback" not in err
 
 
+def test_on_the_emulated_cluster_each_rank_needs_a_node_of_its_own(tmp_path, capsys):
+    """``netem.sh run --job tta -- ...`` hands the mode its links.env; more ranks than nodes are refused at once."""
+    links = tmp_path / "links.env"
+    links.write_text("nodes=2\nrate=1gbit\nhead=10.77.0.1\n")
+    assert main(["tta", "--task", "image", "--configs", "allreduce", "--netem", str(links), "--ranks", "4"]) == 2
+    assert "the emulated cluster has 2 nodes; 4 ranks need one node each" in capsys.readouterr().err
+
+
 # -- tiny real runs ----------------------------------------------------------------------------------------------------
 
 def _idx(path, array: np.ndarray) -> None:
@@ -153,24 +161,31 @@ def tiny_images(tmp_path_factory):
     return folder
 
 
-def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_images, tmp_path, capsys):
-    out = tmp_path / "out"
-    code = main(["tta", "--task", "image", "--data", str(tiny_images), "--configs", "allreduce", "ring/onebit",
-                 "--seeds", "0", "--steps", "4", "--eval-every", "2", "--ranks", "2", "--batch-size", "4",
-                 "--out", str(out), "--no-progress"])
-    printed = capsys.readouterr().out
-    assert code == 0, printed
-    result = json.loads((out / "tta.json").read_text())
+@pytest.fixture(scope="module")
+def tiny_result(tiny_images):
+    """One real comparison on 2 gloo ranks, 4 steps, evaluated at every step: a configuration that fails (its ranks
+    end; the others go on in fresh ones), allreduce, ring/onebit, and allreduce at a learning rate of 1e30."""
+    broken = Config("broken", "casync hook", "a hook option no CasyncState takes", variant="ddp-casync:ring:onebit",
+                    options={"error_feedback": "sideways"})
+    diverging = Config("diverging", "torch hook", "allreduce at a learning rate of 1e30", variant="ddp",
+                       param_groups={"lr": 1e30})
+    return run_tta(get_task("image"), [broken, CONFIGS["allreduce"], CONFIGS["ring/onebit"], diverging], seeds=[0],
+                   steps=4, ranks=2, eval_every=1, setup=local_setup(), data=str(tiny_images), batch_size=4,
+                   progress=False, command="casync tta (test)")
+
+
+def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path):
+    result = tiny_result
     assert set(result) >= {"format", "command", "commit", "machine", "setup", "task", "protocol", "target", "configs",
-                           "runs", "summary", "seconds"}
-    assert result["command"].startswith("casync tta --task image") and result["setup"]["kind"] == "local"
+                           "runs", "summary", "sync_share", "seconds"}
+    assert result["setup"]["kind"] == "local" and result["task"]["lr"] == 0.05 and result["task"]["batch_size"] == 4
     assert result["task"]["manifest"]["train"] == 64 and len(result["task"]["manifest"]["sha256"]) == 64
-    assert result["protocol"] == {"steps": 4, "seeds": [0], "ranks": 2, "eval_steps": [2, 3, 4], "target_step": 3,
+    assert result["protocol"] == {"steps": 4, "seeds": [0], "ranks": 2, "eval_steps": [1, 2, 3, 4], "target_step": 3,
                                   "reference": "allreduce"}
     runs = {r["config"]: r for r in result["runs"]}
-    assert [p["step"] for p in runs["allreduce"]["points"]] == [2, 3, 4]
-    assert result["target"]["value"] == runs["allreduce"]["points"][1]["metric"]
-    for run in runs.values():
+    assert [p["step"] for p in runs["allreduce"]["points"]] == [1, 2, 3, 4]
+    assert result["target"]["value"] == runs["allreduce"]["points"][2]["metric"]
+    for run in (runs["allreduce"], runs["ring/onebit"]):
         assert run["error"] is None and run["nonfinite"] is None and run["consistent"] is True
         assert run["steps_done"] == 4 and run["train_seconds"] > 0
         assert all(0 <= p["metric"] <= 1 for p in run["points"])
@@ -178,26 +193,54 @@ def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_images, tmp_path
     numel = 128 * 1024 + 1024 + 1024 * 10 + 10 + 16 * 25 + 16 + 32 * 16 * 25 + 32  # the CNN on 8x8 images
     assert runs["allreduce"]["wire_bytes_per_step"] == 2 * 1 * 4 * numel  # 2 (N-1) x the float32 gradient
     assert 0 < runs["ring/onebit"]["wire_bytes_per_step"] < runs["allreduce"]["wire_bytes_per_step"] / 16
-    md = (out / "tta.md").read_text()
+    assert runs["ring/onebit"]["options"] == {"error_feedback": True} and result["sync_share"] is None
+    written = write_report(result, tmp_path)
+    md = (tmp_path / "tta.md").read_text()
     assert "| allreduce | torch hook |" in md and "| ring/onebit | casync hook |" in md and "× DDP allreduce" in md
-    assert (out / "tta_step.png").stat().st_size > 0 and (out / "tta_time.png").stat().st_size > 0
-    assert "target: top-1 accuracy" in printed and "ring/onebit" in printed
+    assert json.loads((tmp_path / "tta.json").read_text())["runs"][1]["points"] == runs["allreduce"]["points"]
+    assert all((tmp_path / name).stat().st_size > 0 for name in ("tta_step.png", "tta_time.png"))
+    assert written["plots"] == [str(tmp_path / "tta_step.png"), str(tmp_path / "tta_time.png")]
+    assert text_summary(result).startswith("target: top-1 accuracy")
 
 
-def test_a_non_finite_loss_stops_its_run_and_a_failing_run_is_recorded_while_the_rest_go_on(tiny_images):
-    broken = Config("broken", "casync hook", "a hook option no CasyncState takes", variant="ddp-casync:ring:onebit",
-                    options={"error_feedback": "sideways"})
-    result = run_tta(get_task("image"), [CONFIGS["allreduce"], broken, CONFIGS["fp16"]], seeds=[0], steps=6,
-                     ranks=2, eval_every=1, setup=local_setup(), data=str(tiny_images), lr=1e30, batch_size=4,
-                     progress=False)
-    allreduce, failed, fp16 = result["runs"]
-    bad = allreduce["nonfinite"]  # learnt at the evaluation point after it (here every step), where the run stops
-    assert bad is not None and allreduce["steps_done"] == bad["step"] < 6 and allreduce["error"] is None
-    assert allreduce["points"][-1]["metric"] is None and len(allreduce["points"]) == bad["step"]
-    assert "error_feedback" in failed["error"] and failed["points"] == []
-    assert fp16["nonfinite"] is not None  # ran in fresh ranks after the failure
-    assert result["target"]["value"] is None and result["target"]["source"].startswith("none: allreduce, seed 0")
-    rows = {r["config"]: r for r in result["summary"]}
-    assert "non-finite loss at step" in rows["allreduce"]["problems"][0]
-    assert rows["broken"]["problems"][0].startswith("seed 0: failed:") and rows["allreduce"]["time"] is None
-    assert math.isfinite(result["seconds"])
+def test_a_failing_run_is_recorded_the_rest_go_on_and_a_non_finite_loss_stops_its_run(tiny_result):
+    runs = {r["config"]: r for r in tiny_result["runs"]}
+    failed, diverging = runs["broken"], runs["diverging"]
+    assert "error_feedback" in failed["error"] and failed["points"] == [] and failed["steps_done"] == 0
+    # the loss went non-finite: learnt at the evaluation point after it (here every step), where the run stopped
+    bad = diverging["nonfinite"]
+    assert bad is not None and diverging["steps_done"] == bad["step"] < 4 and diverging["error"] is None
+    assert diverging["points"][-1]["metric"] is None and len(diverging["points"]) == bad["step"]
+    rows = {r["config"]: r for r in tiny_result["summary"]}
+    assert "non-finite loss at step" in rows["diverging"]["problems"][0]
+    assert rows["broken"]["problems"][0].startswith("seed 0: failed:")
+    headers, body = table(tiny_result)
+    assert [r[0] for r in body] == ["broken", "allreduce", "ring/onebit", "diverging"]
+    assert body[0][2] == "failed: see below"
+
+
+def test_the_command_line_runs_the_comparison_it_names_and_writes_its_report(tiny_result, tmp_path, monkeypatch,
+                                                                            capsys):
+    """The command line's plumbing (the comparison itself is the fixture's, run once for the module)."""
+    from casync.bench.tta import runner
+
+    asked = {}
+
+    def fake_run_tta(task, configs, **kwargs):
+        asked.update(kwargs, task=task.name, configs=[c.name for c in configs])
+        return tiny_result
+
+    monkeypatch.setattr(runner, "run_tta", fake_run_tta)
+    out = tmp_path / "out"
+    code = main(["tta", "--task", "image", "--data", "/", "--configs", "allreduce,ring/onebit", "--seeds", "0",
+                 "--steps", "4", "--eval-every", "1", "--ranks", "2", "--batch-size", "4", "--out", str(out),
+                 "--no-progress"])
+    assert code == 1  # a run failed (the fixture's broken configuration)
+    assert asked["task"] == "image" and asked["configs"] == ["allreduce", "ring/onebit"] and asked["seeds"] == [0]
+    assert (asked["steps"], asked["eval_every"], asked["ranks"], asked["batch_size"], asked["lr"], asked["data"]) == \
+        (4, 1, 2, 4, None, "/")
+    assert asked["command"] == ("casync tta --task image --data / --configs allreduce ring/onebit --seeds 0 --steps 4 "
+                                f"--ranks 2 --eval-every 1 --batch-size 4 --out {out}")
+    captured = capsys.readouterr()
+    assert "target: top-1 accuracy" in captured.out and f"table: {out / 'tta.md'}" in captured.out
+    assert "1 run(s) failed" in captured.err and (out / "tta.json").exists()

@@ -12,7 +12,7 @@ import math
 import statistics
 from typing import Any, Iterable, Sequence
 
-from .configs import REFERENCE, TORCH_HOOKS
+from .configs import FLOOR, REFERENCE, TORCH_HOOKS
 
 
 def target_step(steps: int, fraction: float = 0.8) -> int:
@@ -134,3 +134,11 @@ def problem(run: dict[str, Any]) -> str | None:
         return (f"seed {run['seed']}: non-finite loss at step {bad['step']} (rank {bad['rank']}); stopped at step "
                 f"{run['steps_done']}")
     return None
+
+
+def sync_share(rows: Sequence[dict[str, Any]]) -> float | None:
+    """DDP allreduce's share of its step spent syncing, ``(allreduce step - floor step) / allreduce step`` (the
+    floor: the hook without communication), from :func:`summarize`'s rows; None unless both ran."""
+    steps = {row["config"]: row["step_s"] for row in rows}
+    ref, floor = steps.get(REFERENCE), steps.get(FLOOR)
+    return (ref - floor) / ref if ref and floor is not None else None

@@ -126,7 +126,8 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
         start = time.perf_counter()
     wire = counter.totals()
     result = {"config": config.name, "seed": seed, "points": points, "steps_done": step, "train_seconds": trained,
-              "nonfinite": nonfinite, "error": None, "consistent": consistent(model, config, world), **wire}
+              "nonfinite": nonfinite, "error": None, "consistent": consistent(model, config, world),
+              "options": run_options(config.options, steps, spec["lr"]), **wire}
     for closing in {id(x): x for x in (holder, opt)}.values():  # casync's groups and threads, once each
         if hasattr(closing, "close"):
             closing.close()

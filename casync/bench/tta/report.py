@@ -76,8 +76,10 @@ def _target_line(result: dict[str, Any]) -> str:
     way = "higher" if task["higher_is_better"] else "lower"
     value = "none" if target["value"] is None else f"{target['value']:.4f}"
     fastest = next((r["fastest_hook"] for r in result["summary"] if r["fastest_hook"]), None)
+    share = result.get("sync_share")
+    share = "" if share is None else f"; DDP {REFERENCE}'s sync share (1 - floor step / its step): {share:.0%}"
     return (f"target: {task['metric']} {value} ({way} is better; {target['source']}); fastest PyTorch hook reaching "
-            f"it: {fastest or 'none'}")
+            f"it: {fastest or 'none'}{share}")
 
 
 def render_markdown(result: dict[str, Any], plots: list[str]) -> str:

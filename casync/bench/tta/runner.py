@@ -19,7 +19,7 @@ from ..ranks import RankError, run_ranks
 from ..runner import _short, machine_info
 from ..setup import Setup
 from .configs import REFERENCE, Config
-from .curves import reference_target, summarize, target_step
+from .curves import reference_target, summarize, sync_share, target_step
 
 ENTRY = "from casync.bench.tta.rank import main; main()"
 
@@ -113,6 +113,7 @@ def run_tta(task: Any, configs: Sequence[Config], *, seeds: Sequence[int], steps
             source = f"none: {exc}"
     else:
         source = "given (--target)"
+    rows = summarize(ordered, configs, target, steps, task.higher_is_better)
     return {"format": 1, "command": command, "commit": commit(), "machine": machine,
             "setup": {"kind": setup.kind, "description": describe(setup), "nodes": setup.nodes,
                       "bandwidth_gbps": setup.bandwidth_gbps},
@@ -122,8 +123,7 @@ def run_tta(task: Any, configs: Sequence[Config], *, seeds: Sequence[int], steps
                          "target_step": target_step(steps), "reference": REFERENCE},
             "target": {"value": target, "source": source},
             "configs": {c.name: c.to_dict() for c in configs}, "runs": ordered,
-            "summary": summarize(ordered, configs, target, steps, task.higher_is_better),
-            "seconds": time.perf_counter() - started}
+            "summary": rows, "sync_share": sync_share(rows), "seconds": time.perf_counter() - started}
 
 
 def describe(setup: Setup) -> str:
@@ -136,7 +136,7 @@ def describe(setup: Setup) -> str:
 def _failed(run: dict[str, Any], error: str) -> dict[str, Any]:
     return {"config": run["config"]["name"], "seed": run["seed"], "points": [], "steps_done": 0, "train_seconds": 0.0,
             "nonfinite": None, "error": error, "consistent": None, "wire_bytes_per_step": None,
-            "wire_bytes_total": None}
+            "wire_bytes_total": None, "options": None}
 
 
 class _Watch:
