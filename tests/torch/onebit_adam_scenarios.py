@@ -73,7 +73,7 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
            ) -> dict[str, Any]:
     """Straight training (an LR schedule halving every 2 steps), and the same resumed from checkpoints taken after
     each of ``stops`` steps (one in the warm-up, one in the compression phase); then a checkpoint loaded with
-    another warm-up length."""
+    another warm-up length; and a replica that drifts."""
     def make(seed: int, k: int = warmup) -> tuple[torch.nn.Module, ct.OneBitAdam, Any]:
         model = mlp(seed)
         opt = ct.OneBitAdam(model.named_parameters(), lr=0.01, warmup_steps=k, weight_decay=0.01, bucket_bytes=4096)
@@ -113,7 +113,19 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
     except ValueError as exc:
         mismatch = str(exc)
     other.close()
-    return {"straight": straight, "resumed": resumed, "roles": residual_roles, "mismatch": mismatch}
+    model, drifting, scheduler = make(seed=0)  # a replica that drifts (rank 1 changes a weight): named at the check
+    drifted = None
+    try:
+        run(model, drifting, scheduler, range(2))
+        if rank == 1:
+            with torch.no_grad():
+                model[0].weight[0, 0] += 1
+        run(model, drifting, scheduler, range(2, 11))  # the check every 10 steps (check_every's default)
+    except Exception as exc:
+        drifted = f"{type(exc).__name__}: {exc}"
+    drifting.close()
+    return {"straight": straight, "resumed": resumed, "roles": residual_roles, "mismatch": mismatch,
+            "drifted": drifted}
 
 
 def least_squares(rank: int, world: int, runs: dict[str, dict[str, Any]], steps: int = 300, dim: int = 64,

@@ -162,7 +162,7 @@ def test_onebit_momentum_sync_with_worker_and_server_error_feedback_by_hand(runs
             assert np.array_equal(record[step]["params"][n], p.numpy()), (step, n)
 
 
-def test_resume_is_bit_exact_mid_warm_up_and_mid_compression():
+def test_resume_is_bit_exact_mid_warm_up_and_mid_compression_and_a_drifting_replica_is_named():
     rank0, rank1 = ok(run_ranks("tests.torch.onebit_adam_scenarios:resume", 2))
     for rank, r in enumerate((rank0, rank1)):
         assert r["roles"] == ["server:0", "worker:1"]  # the checkpoint mid-compression holds both ends' residuals
@@ -171,6 +171,8 @@ def test_resume_is_bit_exact_mid_warm_up_and_mid_compression():
             for name, value in r["straight"].items():
                 assert np.array_equal(r["resumed"][stop][name], value), (rank, stop, name)
         assert "warmup_steps=2" in r["mismatch"] and "has 3" in r["mismatch"], r["mismatch"]
+        assert r["drifted"].startswith("ReplicaMismatchError: step 10:"), r["drifted"]
+        assert "no majority to say which rank(s) drifted" in r["drifted"], r["drifted"]  # 1 against 1
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
