@@ -1,7 +1,7 @@
 """What the ranks of the OneBitAdam tests run (see ``harness.run_ranks``)."""
 from __future__ import annotations
 
-import copy
+import io
 from typing import Any
 
 import numpy as np
@@ -92,8 +92,10 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
     for step in range(steps):
         run(model, opt, scheduler, range(step, step + 1))
         if step + 1 in stops:
-            saved[step + 1] = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(),
-                                             "sched": scheduler.state_dict()})
+            file = io.BytesIO()  # through a file, read back as torch.load(weights_only=True) allows
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "sched": scheduler.state_dict()}, file)
+            file.seek(0)
+            saved[step + 1] = torch.load(file, weights_only=True)
     straight = params(model)
     residual_roles = sorted(saved[max(stops)]["opt"]["casync"]["residuals"])
     opt.close()
