@@ -63,7 +63,8 @@ def build(config: Config, task: Any, model: Any, lr: float, seed: int, spec: dic
         from ...sim.costmodel import ClusterModel
 
         cluster = ClusterModel(**cluster)
-    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB)
+    # as the bench's DDP rows: the gradients are views into DDP's buckets (no copy back after the sync)
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_CAP_MB, gradient_as_bucket_view=True)
     state, hook = ddp_hook(config.variant, seed, spec.get("compute_threads", 1),
                            cluster if is_hook(config.variant) else None, **options)
     net.register_comm_hook(state, hook)
@@ -95,7 +96,7 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
     start = time.perf_counter()
     for step in range(1, steps + 1):
         inputs, targets = next(batches)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=config.optimizer is not None)  # (DDP's gradients stay its bucket views)
         counter.before()
         loss = task.loss(net, inputs, targets)
         loss.backward()
