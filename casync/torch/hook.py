@@ -392,7 +392,8 @@ class HookSession:
         step's ops to the end, then complete every DDP bucket's future."""
         state = self.state
         try:
-            state.runner.begin(ctx.step, codecs=self._codecs(ctx.step))
+            codecs = self._codecs(ctx.step)
+            state.runner.begin(ctx.step, **({"codecs": codecs} if codecs is not None else {}))
             if state.error is not None:  # the hook failed on backward's thread before the step was open
                 state.runner.abort(state.error)
             with ctx.lock:
