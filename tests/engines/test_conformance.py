@@ -12,6 +12,8 @@ import pytest
 import casync
 from tests.engines.conformance import ENGINES, SHAPES, check_conformance
 
+USES_RAY_LOCAL = True  # the Ray engines' cells ask for the shared embedded Ray (tests/conftest.py)
+
 STRATEGIES = {
     "ring": dict(strategy="ring"),
     "allgather": dict(strategy="allgather"),

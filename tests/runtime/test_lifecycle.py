@@ -54,8 +54,9 @@ def test_open_close_cycles_leave_nothing(ray_local):
             engine.state_dict()
         assert settle(faultkit.alive_actors, baseline[0]) == baseline[0], f"cycle {cycle}: actors left alive"
         assert faultkit.live_placement_groups() == baseline[1], f"cycle {cycle}: placement group left"
-        assert settle(driver_refs, baseline[2]) == baseline[2], f"cycle {cycle}: the driver holds ObjectRefs"
-    assert settle(store_objects, baseline[3]) == baseline[3]
+        # no more than before: an earlier module's leftovers in the shared Ray may be freed meanwhile
+        assert settle(driver_refs, baseline[2]) <= baseline[2], f"cycle {cycle}: the driver holds ObjectRefs"
+    assert settle(store_objects, baseline[3]) <= baseline[3]
 
 
 def test_many_syncs_hold_no_refs_and_no_store_objects(ray_local):

@@ -13,6 +13,8 @@ from casync.primitives.ir import worker
 from casync.strategies import Strategy, get_strategy, register_strategy, unregister_strategy
 from tests.engines.conformance import ENGINES, SHAPES, check_conformance
 
+USES_RAY_LOCAL = True  # the Ray engines' cells ask for the shared embedded Ray (tests/conftest.py)
+
 
 class RootReduce(Strategy):
     name = "toy-root"
