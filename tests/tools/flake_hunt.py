@@ -123,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         classify = Classify()
         pytest.main(["-q", "-p", "no:cacheprovider", *args.paths], plugins=[classify])
         tests = classify.concurrent
-        print(f"flake_hunt: {len(tests)} tests start a thread or a process, or use Ray", flush=True)
+        listed = Path(args.out).with_suffix(".tests.txt")
+        listed.write_text("".join(f"{test}\n" for test in tests))  # phase 1's list: --tests repeats it
+        print(f"flake_hunt: {len(tests)} tests start a thread or a process, or use Ray (listed in {listed})",
+              flush=True)
     burners = [multiprocessing.Process(target=burn, daemon=True) for _ in range(args.burners)]
     for proc in burners:
         proc.start()
@@ -133,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in burners:
             proc.kill()
+    not_repeated = sorted(set(tests) - set(repeat.results))  # skipped each time (e.g. needs CUDA), or not collected
     report = {"runs": args.runs, "burners": args.burners, "cores": os.cpu_count(), "paths": args.paths,
-              "seconds": round(time.time() - started, 1), "pytest_exit": code, "tests": repeat.results}
+              "seconds": round(time.time() - started, 1), "pytest_exit": code, "tests": repeat.results,
+              "not_repeated": not_repeated}
     Path(args.out).write_text(json.dumps(report, indent=1))
     if args.markdown:
         Path(args.markdown).write_text(markdown(report))
@@ -143,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(failed)} failed at least once; {args.out}")
     for test, r in sorted(failed.items()):
         print(f"  {r['failures']}/{r['runs']}  {test}")
+    for test in not_repeated:
+        print(f"  not repeated (skipped or not collected): {test}")
     return 0 if not failed else 1
 
 
@@ -153,6 +160,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"{report['seconds']:.0f} s", "", "| test | runs | failures | seconds (all runs) |",
              "|---|---:|---:|---:|"]
     lines += [f"| `{test}` | {r['runs']} | {r['failures']} | {r['seconds']:.1f} |" for test, r in rows]
+    if report.get("not_repeated"):
+        lines += ["", "Not repeated (skipped every time, e.g. needing CUDA, or not collected):", ""]
+        lines += [f"- `{test}`" for test in report["not_repeated"]]
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,9 @@ def test_every_other_run_fails(size, tmp_path_factory):
 
 def test_steady():
     assert True
+
+def test_skipped_here():
+    pytest.skip("needs CUDA")
 '''
 
 
@@ -35,13 +38,17 @@ def test_base_id_drops_only_the_repeat_index():
 def test_a_test_failing_every_other_run_is_counted(tmp_path):
     (tmp_path / "test_sample.py").write_text(FLAKY)
     ids = tmp_path / "ids.txt"
-    ids.write_text("test_sample.py::test_every_other_run_fails[8-of-20]\ntest_sample.py::test_steady\n")
+    ids.write_text("test_sample.py::test_every_other_run_fails[8-of-20]\ntest_sample.py::test_steady\n"
+                   "test_sample.py::test_skipped_here\n")
     run = subprocess.run([sys.executable, "-m", "tests.tools.flake_hunt", "--tests", str(ids), "--runs", "4",
                           "--out", str(tmp_path / "hunt.json"), "--markdown", str(tmp_path / "hunt.md")],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 1, run.stdout + run.stderr  # something failed
-    tests = json.loads((tmp_path / "hunt.json").read_text())["tests"]
+    report = json.loads((tmp_path / "hunt.json").read_text())
+    tests = report["tests"]
+    assert report["not_repeated"] == ["test_sample.py::test_skipped_here"]  # said, not silently dropped
+    assert "not repeated (skipped or not collected): test_sample.py::test_skipped_here" in run.stdout
     assert tests["test_sample.py::test_every_other_run_fails[8-of-20]"]["runs"] == 4
     assert tests["test_sample.py::test_every_other_run_fails[8-of-20]"]["failures"] == 2
     assert tests["test_sample.py::test_steady"] == {**tests["test_sample.py::test_steady"], "runs": 4, "failures": 0}
