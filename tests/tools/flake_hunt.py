@@ -87,8 +87,8 @@ class Repeat:
         items[:] = keep
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call" and not report.failed:
-            return
+        if report.skipped or (report.when != "call" and not report.failed):
+            return  # a skipped run is no run: a test skipped every time shows as not repeated
         entry = self.results.setdefault(base_id(report.nodeid), {"runs": 0, "failures": 0, "seconds": 0.0,
                                                                  "first_failure": None})
         if report.when == "call":
