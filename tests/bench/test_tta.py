@@ -16,6 +16,7 @@ from casync.bench.tta.curves import reference_target, summarize, sync_share, tar
 from casync.bench.tta.report import table, text_summary, write_report
 from casync.bench.tta.runner import eval_steps, run_tta
 from casync.cli import main
+import casync.tasks.image as image_task
 from casync.tasks import get_task
 
 
@@ -178,7 +179,8 @@ def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path
     result = tiny_result
     assert set(result) >= {"format", "command", "commit", "machine", "setup", "task", "protocol", "target", "configs",
                            "runs", "summary", "sync_share", "seconds"}
-    assert result["setup"]["kind"] == "local" and result["task"]["lr"] == 0.05 and result["task"]["batch_size"] == 4
+    assert result["setup"]["kind"] == "local" and result["task"]["lr"] == get_task("image").defaults["lr"] \
+        and result["task"]["batch_size"] == 4  # no --lr: the task's tuned default
     assert result["task"]["manifest"]["train"] == 64 and len(result["task"]["manifest"]["sha256"]) == 64
     assert result["protocol"] == {"steps": 4, "seeds": [0], "ranks": 2, "eval_steps": [1, 2, 3, 4], "target_step": 3,
                                   "reference": "allreduce"}
@@ -190,7 +192,8 @@ def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path
         assert run["steps_done"] == 4 and run["train_seconds"] > 0
         assert all(0 <= p["metric"] <= 1 for p in run["points"])
         assert [p["seconds"] for p in run["points"]] == sorted(p["seconds"] for p in run["points"])
-    numel = 128 * 1024 + 1024 + 1024 * 10 + 10 + 16 * 25 + 16 + 32 * 16 * 25 + 32  # the CNN on 8x8 images
+    hidden = image_task.HIDDEN
+    numel = 128 * hidden + hidden + hidden * 10 + 10 + 16 * 25 + 16 + 32 * 16 * 25 + 32  # the CNN on 8x8 images
     assert runs["allreduce"]["wire_bytes_per_step"] == 2 * 1 * 4 * numel  # 2 (N-1) x the float32 gradient
     assert 0 < runs["ring/onebit"]["wire_bytes_per_step"] < runs["allreduce"]["wire_bytes_per_step"] / 16
     assert runs["ring/onebit"]["options"] == {"error_feedback": True} and result["sync_share"] is None
