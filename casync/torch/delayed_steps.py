@@ -95,6 +95,15 @@ class DelayedSteps:
                 raise self._sync.fail(exc)
         return result
 
+    def _settle_in_flight(self, misuse: str) -> None:
+        """Wait for the step in flight (holding ``_lock``); ``misuse`` is raised between backward and step()."""
+        if self._step is not None or self._synchronized:
+            raise RuntimeError(misuse)
+        try:
+            self._collect(keep=0)
+        except BaseException as exc:
+            raise self._sync.fail(as_sync_error(exc, f"step {self._sync.iter - 1}")) from exc
+
     def apply_pending(self) -> bool:
         """``delayed_update``: wait for the last step's sync and apply its update now (with compensation, from the
         kept w_t); e.g. before evaluating or at the end of training.  Collective; returns whether there was one."""
@@ -102,12 +111,7 @@ class DelayedSteps:
             raise RuntimeError("apply_pending() is for delayed_update=True: without it every step() applies its own "
                                "update")
         with self._lock:
-            if self._step is not None or self._synchronized:
-                raise RuntimeError("apply_pending() between backward and step(): call it after step()")
-            try:
-                self._collect(keep=0)
-            except BaseException as exc:
-                raise self._sync.fail(as_sync_error(exc, f"step {self._sync.iter - 1}")) from exc
+            self._settle_in_flight("apply_pending() between backward and step(): call it after step()")
             if self._delayed.pending is None:
                 return False
             self._delayed.write_grads()
@@ -117,12 +121,7 @@ class DelayedSteps:
     def _delayed_state_dict(self) -> dict[str, Any]:
         """casync's state dict, the update in flight, the kept w_t and every rank's local step (collective)."""
         with self._lock:
-            if self._step is not None or self._synchronized:
-                raise RuntimeError("state_dict() with delayed_update between backward and step(): call it after step()")
-            try:
-                self._collect(keep=0)
-            except BaseException as exc:
-                raise self._sync.fail(as_sync_error(exc, f"step {self._sync.iter - 1}")) from exc
+            self._settle_in_flight("state_dict() with delayed_update between backward and step(): call it after step()")
             delayed = self._delayed.state()
             if self._delayed.compensation is not None:
                 group = self._sync.ensure_group()
