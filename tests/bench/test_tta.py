@@ -170,7 +170,8 @@ def tiny_result(tiny_images):
                     options={"error_feedback": "sideways"})
     diverging = Config("diverging", "torch hook", "allreduce at a learning rate of 1e30", variant="ddp",
                        param_groups={"lr": 1e30})
-    return run_tta(get_task("image"), [broken, CONFIGS["allreduce"], CONFIGS["ring/onebit"], diverging], seeds=[0],
+    return run_tta(get_task("image"), [broken, CONFIGS["allreduce"], CONFIGS["ring/onebit"], diverging,
+                                               CONFIGS["cdsgd/onebit"]], seeds=[0],
                    steps=4, ranks=2, eval_every=1, setup=local_setup(), data=str(tiny_images), batch_size=4,
                    progress=False, command="casync tta (test)")
 
@@ -187,7 +188,7 @@ def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path
     runs = {r["config"]: r for r in result["runs"]}
     assert [p["step"] for p in runs["allreduce"]["points"]] == [1, 2, 3, 4]
     assert result["target"]["value"] == runs["allreduce"]["points"][2]["metric"]
-    for run in (runs["allreduce"], runs["ring/onebit"]):
+    for run in (runs["allreduce"], runs["ring/onebit"], runs["cdsgd/onebit"]):  # cdsgd: after its pending update
         assert run["error"] is None and run["nonfinite"] is None and run["consistent"] is True
         assert run["steps_done"] == 4 and run["train_seconds"] > 0
         assert all(0 <= p["metric"] <= 1 for p in run["points"])
@@ -218,7 +219,7 @@ def test_a_failing_run_is_recorded_the_rest_go_on_and_a_non_finite_loss_stops_it
     assert "non-finite loss at step" in rows["diverging"]["problems"][0]
     assert rows["broken"]["problems"][0].startswith("seed 0: failed:")
     headers, body = table(tiny_result)
-    assert [r[0] for r in body] == ["broken", "allreduce", "ring/onebit", "diverging"]
+    assert [r[0] for r in body] == ["broken", "allreduce", "ring/onebit", "diverging", "cdsgd/onebit"]
     assert body[0][2] == "failed: see below"
 
 

@@ -4,7 +4,8 @@ Per run: the task's seeded model, wrapped in DDP with the configuration's comm h
 optimizer instead of DDP), trained for the same steps on this rank's seeded batches.  Training is timed in
 segments between evaluation points: every rank starts a segment after a barrier, and the segment counts as the
 slowest rank's time; at an evaluation point rank 0 evaluates while the others wait, outside the clock (alike for
-every configuration).  A non-finite loss on any rank is learned by all at the next evaluation point, where the
+every configuration).  A delayed update (CD-SGD) applies its pending update at each evaluation point, inside
+the clock, so the model evaluated and compared across ranks is the synced one with every step's update.  A non-finite loss on any rank is learned by all at the next evaluation point, where the
 run stops (no per-step collective of its own).  Rank 0 writes each run's result as it finishes, and a progress
 line (run, step) at most twice a second.
 """
@@ -90,6 +91,7 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
     counter = WireCounter(config, holder, numel, world)
     batches = task.batches(data, rank, world, spec["batch_size"], seed)
     steps, evals = spec["steps"], set(spec["eval_steps"])
+    delayed = bool(config.options.get("delayed_update"))
     points: list[dict[str, Any]] = []
     trained, bad, nonfinite, step = 0.0, None, None, 0
     dist.barrier()
@@ -108,6 +110,8 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
             progress(step)
         if step not in evals:
             continue
+        if delayed:  # evaluate the synced model with all `step` updates (w_t, not a rank's local step); inside
+            opt.apply_pending()  # the clock: the wait for the sync in flight is training time
         # outside the clock: the slowest rank's segment, and the first non-finite loss of any rank
         key = (bad * world + rank) if bad is not None else (steps + 1) * world
         both = torch.tensor([time.perf_counter() - start, -float(key)], dtype=torch.float64)
