@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -248,3 +249,29 @@ def test_the_command_line_runs_the_comparison_it_names_and_writes_its_report(tin
     captured = capsys.readouterr()
     assert "target: top-1 accuracy" in captured.out and f"table: {out / 'tta.md'}" in captured.out
     assert "1 run(s) failed" in captured.err and (out / "tta.json").exists()
+
+
+def test_grad_norms_are_each_ranks_own_gradient_norm_and_the_clip_scales_by_root_n(tiny_images):
+    """benchmarks/grad_norms.py (DGC's clipping threshold): step 0's norms are each rank's gradient norm at the
+    seeded model, computed here by hand; the thresholds are the norms' quantiles x sqrt(N)."""
+    import sys
+
+    import torch
+
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import grad_norms
+
+    norms = grad_norms.measure("image", 2, 3, 0, str(tiny_images))
+    assert norms.shape == (3, 2) and np.all(norms > 0)
+    task = get_task("image")
+    data = task.load(str(tiny_images))
+    for rank in range(2):
+        model = task.model(data, 0)
+        inputs, targets = next(task.batches(data, rank, 2, task.defaults["batch_size"], 0))
+        task.loss(model, inputs, targets).backward()
+        by_hand = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())))
+        assert norms[0, rank] == pytest.approx(by_hand, rel=1e-5)
+    assert not np.allclose(norms[0], norms[2])  # the model moved: later steps are at other parameters
+    _, raw = grad_norms.report(norms, "image", 0)
+    assert raw["clips_1pct"] == pytest.approx(np.percentile(norms, 99) * 2 ** 0.5)
+    assert raw["clips_10pct"] == pytest.approx(np.percentile(norms, 90) * 2 ** 0.5)
