@@ -2,8 +2,8 @@
 
 Each cell runs three syncs with error feedback (see ``conformance.check_conformance``).  Worker counts
 rotate through 2..5 over the (strategy, codec) pairs, so every strategy meets several worker counts
-without running the full cross product on Ray; an engine that is another one over a different transport
-runs every strategy with one codec.
+without running the full cross product on Ray; an engine whose actors do nothing codec- or strategy-specific
+of their own runs a subset of the cells (``VARIANT_CELLS``).
 """
 from __future__ import annotations
 
@@ -23,15 +23,29 @@ STRATEGIES = {
 }
 CODECS = ("none", "onebit", "topk:ratio=0.1")
 CELLS = [(s, c, 2 + i % 4) for i, (s, c) in enumerate((s, c) for s in STRATEGIES for c in CODECS)]
-#: engines that differ from another only in how payload bytes travel (RayEngine over gloo alone, against its
-#: shared-memory default): one codec per strategy, the lossy one with error feedback
-TRANSPORT_VARIANTS = {"ray-gloo": ("onebit",)}
+#: engines that run a subset of the cells (strategy -> its one codec), each cell starting actors of its own:
+#:
+#: * ``ray-gloo`` differs from ``ray-direct`` only in how payload bytes travel (every payload over one gloo
+#:   process group, TorchChannel's tagged isend/irecv between ranks): the lossy codec with error feedback, over
+#:   the three message patterns a channel meets — a chain of neighbours (ring), every worker to every worker at
+#:   once (allgather; co-located and one-way PS exchange the same way, a partition's owner taking from all),
+#:   and ranks that are not workers (dedicated servers).
+#: * ``ray-objectstore``'s actor (``casync.runtime.ray_actor.SyncActor``) is codec-agnostic: it runs each task's
+#:   ops with ``run_node``, the function LocalEngine runs, and Ray carries whatever the op returned; the plan's
+#:   strategy decides its program (tasks, hops, fusion).  Every strategy once, each codec on at least one of
+#:   them (the lossless one twice, with the exact-mean check), worker counts 2..5 as in ``CELLS``; the
+#:   strategy x codec cross product is ray-direct's and LocalEngine's.
+VARIANT_CELLS = {
+    "ray-gloo": {"ring": "onebit", "allgather": "onebit", "ps-dedicated": "onebit"},
+    "ray-objectstore": {"ring": "onebit", "allgather": "none", "ps-coloc": "topk:ratio=0.1", "ps-oneway": "onebit",
+                        "ps-dedicated": "none"},
+}
 
 
 def _matrix():
     for name, (_, needs_ray) in ENGINES.items():
         for strategy, codec, workers in CELLS:
-            if codec in TRANSPORT_VARIANTS.get(name, CODECS):
+            if name not in VARIANT_CELLS or VARIANT_CELLS[name].get(strategy) == codec:
                 yield pytest.param(name, strategy, codec, workers, marks=[pytest.mark.ray] if needs_ray else [],
                                    id=f"{name}-{strategy}-{codec}-N{workers}")
 
@@ -51,3 +65,12 @@ def test_every_registered_strategy_is_in_the_matrix():
     covered = {args["strategy"] for args in STRATEGIES.values()}
     builtin = {name for name in REGISTRY if not name.startswith("toy")}
     assert builtin <= covered, f"strategies without conformance cells: {sorted(builtin - covered)}"
+
+
+def test_every_subset_cell_is_in_the_matrix_and_the_object_store_meets_every_strategy_and_codec():
+    """A misspelt strategy or codec in VARIANT_CELLS would drop its cell silently."""
+    cells = {(p.values[0], p.values[1], p.values[2]) for p in _matrix()}
+    for name, chosen in VARIANT_CELLS.items():
+        assert {(s, c) for e, s, c in cells if e == name} == set(chosen.items()), name
+    assert set(VARIANT_CELLS["ray-objectstore"]) == set(STRATEGIES)
+    assert set(VARIANT_CELLS["ray-objectstore"].values()) == set(CODECS)
