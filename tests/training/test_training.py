@@ -25,6 +25,7 @@ import casync  # noqa: E402
 from casync.datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy, load_split  # noqa: E402
 from casync.training.checkpoint import read_checkpoint  # noqa: E402
 from casync.training.dgc import MomentumCorrection, warmup_ratio  # noqa: E402
+from casync.sim.costmodel import Profile  # noqa: E402
 from casync.training.records import History, StepRecord  # noqa: E402
 from casync.training.trainer import _covered, lossless_twin  # noqa: E402
 
@@ -222,14 +223,18 @@ RESUME_MODES = {
     # error feedback residuals and optimizer momentum; the data epoch ends between save and the end
     "onebit-ef": dict(codec="onebit", optimizer=SGD(lr=0.1, momentum=0.9)),
     # DGC: per-worker momentum buffers, masking, sparsity warm-up across the save
-    "dgc": dict(codec="topk:ratio=0.05", strategy="allgather", momentum_correction=0.9, momentum_masking=True,
-                warmup_steps=5, optimizer=SGD(lr=0.1, momentum=0.0)),
+    # planned: strategy="auto" for a cluster and profile that Trainer.load is not given (the planner picks
+    # allgather, one partition, as _plan_bucket builds it; test_a_planned_trainer_...)
+    "dgc": dict(codec="topk:ratio=0.05", strategy="auto", momentum_correction=0.9, momentum_masking=True,
+                warmup_steps=5, optimizer=SGD(lr=0.1, momentum=0.0),
+                cluster=casync.ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=1.0), profile=Profile.default()),
     # a delayed update in flight at the save, full-precision steps, PS server residuals; 3 buckets (whose ops can
     # be ready at once), and the resumed run has 2 compute threads per actor (test_compute_threads_...)
     "delayed": dict(codec="onebit", strategy="ps", servers=1, delayed_update=True, full_sync_every=2,
                     optimizer=SGD(lr=0.1), bucket_bytes=1 << 10),
 }
 LOAD_OVERRIDES = {"delayed": dict(compute_threads=2)}  # Trainer.load's overrides, per mode
+PLANNED_MODE = "dgc"  # the mode whose plan the planner chose
 KILLED_MODE = "onebit-ef"  # the mode whose first trainer then loses a worker mid-fit (test_killed_worker_...)
 N_STEPS, M_STEPS = 3, 4  # 5 batches per epoch and worker: the resumed part crosses an epoch boundary
 FAULT_TIMEOUT_S = 60  # small_trainer's timeout_s
@@ -297,6 +302,7 @@ def _resume_run(mode, tmp_path_factory):
         states = first._engine.call("export_state", False)
         threads = {"first": _compute_threads(first)}
         buckets = len(first.plan.buckets)
+        plans = {"first": first.plan.to_dict()["buckets"]}
         if mode == KILLED_MODE:
             killed = _kill_a_worker_mid_fit(first)
     with casync.Trainer.load(path, SMALL, optimizer, cross_entropy, DigitsData(batch_size=128),
@@ -305,6 +311,7 @@ def _resume_run(mode, tmp_path_factory):
         resumed_tail = second.fit(steps=M_STEPS)
         got = params_of(second)
         threads["resumed"] = _compute_threads(second)
+        plans["resumed"] = second.plan.to_dict()["buckets"]
     single = None
     if kw.get("delayed_update"):  # the one mode where fit() boundaries could matter: one fit(N+M) call
         with small_trainer(**kw) as uninterrupted:
@@ -312,7 +319,7 @@ def _resume_run(mode, tmp_path_factory):
             single = params_of(uninterrupted)
     return dict(mode=mode, head=head, tail=tail, resumed_tail=resumed_tail, expected=expected, got=got,
                 states=states, path=path, single=single, loaded_step=loaded_step, threads=threads, buckets=buckets,
-                killed=killed)
+                killed=killed, plans=plans)
 
 
 def test_resume_equals_uninterrupted_run(resumed):
@@ -626,23 +633,15 @@ def test_data_that_cannot_be_iterated_twice_is_reported(ray_local):
         trainer.close()
 
 
-def test_a_planned_trainer_resumes_with_the_cluster_and_profile_it_was_planned_for(ray_local, tmp_path):
-    """strategy="auto" with cluster= and profile=: the checkpoint holds both, and Trainer.load rebuilds the same
-    plan without them (it re-planned for the default cluster and failed on a residual the other plan lacks)."""
-    from casync.sim.costmodel import Profile
-
-    cluster = casync.ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=1.0)
-    profile = Profile.default()
-    with small_trainer(strategy="auto", cluster=cluster, profile=profile) as first:
-        first.fit(steps=2)
-        path = first.save(tmp_path / "ckpt")
-        first.fit(steps=1)
-        expected, buckets = params_of(first), first.plan.to_dict()["buckets"]
-    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=128),
-                             progress=False) as second:
-        assert second.plan.to_dict()["buckets"] == buckets  # the planner's choices, not its timings
-        second.fit(steps=1)
-        assert_same_params(expected, params_of(second))
+def test_a_planned_trainer_resumes_with_the_cluster_and_profile_it_was_planned_for(resume_runs):
+    """strategy="auto" with cluster= and profile= (PLANNED_MODE's runs): the checkpoint holds both, and Trainer.load
+    rebuilds the same plan without them (it re-planned for the default cluster and failed on a residual the other
+    plan lacks)."""
+    run = resume_runs(PLANNED_MODE)
+    assert RESUME_MODES[PLANNED_MODE]["strategy"] == "auto"
+    assert {"cluster", "profile"} <= set(read_checkpoint(run["path"]).config["plan_options"])
+    assert run["plans"]["resumed"] == run["plans"]["first"]  # the planner's choices, not its timings
+    assert_same_params(run["expected"], run["got"])
 
 
 def test_plan_options_round_trip_through_a_checkpoint_config():
