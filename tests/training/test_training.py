@@ -24,8 +24,8 @@ import ray.cloudpickle  # noqa: E402
 import casync  # noqa: E402
 from casync.datasets.digits import SGD, DigitsData, DigitsMLP, accuracy, cross_entropy, load_split  # noqa: E402
 from casync.training.checkpoint import read_checkpoint  # noqa: E402
-from casync.training.dgc import MomentumCorrection, warmup_ratio  # noqa: E402
 from casync.sim.costmodel import Profile  # noqa: E402
+from casync.training.dgc import MomentumCorrection, warmup_ratio  # noqa: E402
 from casync.training.records import History, StepRecord  # noqa: E402
 from casync.training.trainer import _covered, lossless_twin  # noqa: E402
 
@@ -70,8 +70,8 @@ def accuracy_runs(ray_local):
     against 0.29 with EF), so each assertion below holds by 2-3 points and fails with error feedback off."""
     runs = {}
     for label, (codec, ef) in CODECS.items():
-        with casync.Trainer(DigitsMLP.named("mlp"), SGD(lr=ACCURACY_LR), cross_entropy, DigitsData(batch_size=32), workers=2,
-                            strategy="ring", codec=codec, error_feedback=ef, progress=False,
+        with casync.Trainer(DigitsMLP.named("mlp"), SGD(lr=ACCURACY_LR), cross_entropy, DigitsData(batch_size=32),
+                            workers=2, strategy="ring", codec=codec, error_feedback=ef, progress=False,
                             cpus_per_worker=CPUS) as trainer:
             history = trainer.fit(steps=ACCURACY_STEPS)
             runs[label] = (accuracy(trainer.model()), history)
@@ -222,12 +222,13 @@ def test_replicas_that_drift_raise_at_the_next_check(ray_local):
 RESUME_MODES = {
     # error feedback residuals and optimizer momentum; the data epoch ends between save and the end
     "onebit-ef": dict(codec="onebit", optimizer=SGD(lr=0.1, momentum=0.9)),
-    # DGC: per-worker momentum buffers, masking, sparsity warm-up across the save
-    # planned: strategy="auto" for a cluster and profile that Trainer.load is not given (the planner picks
-    # allgather, one partition, as _plan_bucket builds it; test_a_planned_trainer_...)
+    # DGC: per-worker momentum buffers, masking, sparsity warm-up across the save; planned by strategy="auto" for
+    # a cluster and profile that Trainer.load is not given (the planner picks allgather, one partition, as
+    # _plan_bucket builds it; test_a_planned_trainer_...)
     "dgc": dict(codec="topk:ratio=0.05", strategy="auto", momentum_correction=0.9, momentum_masking=True,
                 warmup_steps=5, optimizer=SGD(lr=0.1, momentum=0.0),
-                cluster=casync.ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=1.0), profile=Profile.default()),
+                cluster=casync.ClusterModel(nodes=2, workers_per_node=1, bandwidth_gbps=1.0),
+                profile=Profile.default()),
     # a delayed update in flight at the save, full-precision steps, PS server residuals; 3 buckets (whose ops can
     # be ready at once), and the resumed run has 2 compute threads per actor (test_compute_threads_...)
     "delayed": dict(codec="onebit", strategy="ps", servers=1, delayed_update=True, full_sync_every=2,
