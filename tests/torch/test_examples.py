@@ -45,8 +45,10 @@ def test_torchrun_example_trains_and_resumes_exactly(tmp_path):
 
 def test_torchrun_example_plans_per_ddp_bucket_with_auto():
     """``--strategy auto --codec auto``: the planner chooses per DDP bucket for the cluster given (2 nodes at
-    1 Gbit here) and DDP's timing; on such links it compresses, and the script prints its choice."""
-    out = _torchrun("--strategy", "auto", "--codec", "auto", "--nodes", "2", "--gbps", "1", "--steps", "30")
+    100 Mbit here) and DDP's timing; on such links it compresses, and the script prints its choice.  (At 1 Gbit the
+    choice for this small model is close and follows the measured backward: once, with another pytest process
+    beside it, the planner left most of the bytes uncompressed.)"""
+    out = _torchrun("--strategy", "auto", "--codec", "auto", "--nodes", "2", "--gbps", "0.1", "--steps", "30")
     assert "SyncPlan: 6 tensors in 2 buckets" in out, out  # DDP's two buckets (bucket_cap_mb=0.25)
     sent, raw = (int(x.replace(",", "")) for x in re.search(r"rank 0: ([\d,]+) of ([\d,]+) raw", out).groups())
     assert 0 < sent < raw / 10
