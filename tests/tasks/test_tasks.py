@@ -36,11 +36,15 @@ def train_a_little(task, data, steps=8):
     return model
 
 
-def test_the_language_model_ties_its_decoder_learns_and_is_judged_by_validation_loss(tmp_path):
+def test_the_language_model_is_embedding_heavy_learns_and_is_judged_by_validation_loss(tmp_path):
+    from casync.tasks import lm
+
     task = get_task("lm")
     data = task.load(make_tree(tmp_path, files=40))
     model = train_a_little(task, data)
-    assert model.decoder.weight is model.embedding.weight
+    vocab = len(data.vocab)
+    assert model.embedding.weight.shape == (vocab, lm.EMBED) and model.decoder.weight.shape == (vocab, lm.WIDTH)
+    assert model.decoder.weight is not model.embedding.weight
     value = task.evaluate(model, data)
     assert np.isfinite(value) and value > 0 and not task.higher_is_better
 
