@@ -71,6 +71,10 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("powersgd-r4", "torch hook", BASELINES["ddp-powersgd-r4"], variant="ddp-powersgd-r4"),
     _hook("ring/onebit", "ring", "onebit", "casync hook: ring, onebit with error feedback"),
     _hook("ps-twoway/onebit", "ps-twoway", "onebit", "casync hook: two-way PS, onebit with error feedback"),
+    Config("ring/onebit+mc", "casync hook", "casync hook: ring, onebit with error feedback and DGC's momentum "
+           "correction (momentum on each rank before compression; the task's SGD without momentum)",
+           variant=hook_variant("ring", "onebit"), options={"error_feedback": True, "momentum_correction": 0.9},
+           param_groups={"momentum": 0.0}, tasks=("image",)),
     _hook("allgather/topk1%", "allgather", "topk:ratio=0.01", "casync hook: allgather, top-k 1 % with error feedback"),
     Config("allgather/topk1%+dgc", "casync hook", "casync hook: allgather, top-k 1 % with error feedback, DGC's local "
            "clipping and momentum correction", variant=hook_variant("allgather", "topk:ratio=0.01"),
