@@ -106,6 +106,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, queue:
     import torch
     import torch.distributed as dist
 
+    from casync.bench.ranks import leave_without_teardown
     from casync.datasets.gradients import model_shapes, worker_flat
     from casync.engines.memory import keep_freed_memory
 
@@ -121,12 +122,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, queue:
     if rank == 0:
         queue.put(gathered)  # a SimpleQueue writes to its pipe at once: nothing is left to flush at exit
     dist.destroy_process_group()
-    # as the bench's ranks (casync.bench.baselines): leave without interpreter teardown, where torch's gloo/DDP
-    # helper threads sometimes abort the process after all work is done ("terminate called without an active
-    # exception"; 1 run in 10 here, failing tests/bench/test_hook_cpu.py)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_teardown()  # as the bench's ranks (6 of 20 runs aborted at exit without it)
 
 
 def summarize(gathered: list[dict[str, Any]]) -> list[dict[str, Any]]:

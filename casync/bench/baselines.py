@@ -39,7 +39,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,7 +50,7 @@ from ..engines.memory import keep_freed_memory
 from ..sim.costmodel import ClusterModel
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
 from .predict import plan_choices
-from .ranks import RankError, RankLauncher, run_ranks
+from .ranks import RankError, RankLauncher, leave_without_teardown, run_ranks
 
 BASELINES: dict[str, str] = {
     "gloo-tensor": "gloo all_reduce, per tensor",
@@ -394,11 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--check", action="store_true", help="rank 0 compares its result with the exact mean")
     p.add_argument("--cluster", default=None, help="the ClusterModel (JSON) an auto hook variant plans for")
     _rank_main(p.parse_args(argv))
-    # Leave without interpreter teardown: torch's gloo/DDP helper threads sometimes abort the process while
-    # being destroyed at exit ("terminate called without an active exception") after all work is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_teardown()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,15 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
+def leave_without_teardown() -> None:
+    """End a rank process that has done all its work, skipping interpreter teardown: torch's gloo/DDP helper
+    threads sometimes abort the process while being destroyed at exit ("terminate called without an active
+    exception"), which would turn a finished rank into a failed one."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 class RankError(RuntimeError):
     """A rank failed, or the ranks did not finish in time; the message carries the rank's output."""
 

@@ -15,13 +15,12 @@ import argparse
 import datetime
 import json
 import math
-import os
-import sys
 import time
 import zlib
 from pathlib import Path
 from typing import Any
 
+from ..ranks import leave_without_teardown
 from .configs import Config, run_options
 from .wire import WireCounter
 
@@ -189,7 +188,4 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--master", required=True, help="host:port of rank 0's TCP store")
     args = p.parse_args(argv)
     rank_main(json.loads(Path(args.spec).read_text()), args.rank, args.world, args.master)
-    # as the baselines' ranks: leave without interpreter teardown (gloo/DDP threads may abort it at exit)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_teardown()
