@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from typing import Any, Callable
 
@@ -96,6 +97,30 @@ class DataPlaneMember(ActorProcess):
         """Remove this actor's arena name once every peer mapped it (nothing leaks if a process dies)."""
         if isinstance(self._channel, ShmChannel):
             self._channel.unlink()
+
+    def leave(self) -> None:
+        """Take this actor out of its data plane so that it can join a new one (``RayEngine.replan``): every
+        actor of the group calls this at once.  Sockets are shut (their reader threads end), arenas unmapped
+        (their names were unlinked at formation), the process group destroyed.  The caller drops whatever held
+        views of the arenas (its executor) first; the set-up heap is unfrozen so that the old executor's cycles
+        are collected, and :meth:`connect` freezes the new one."""
+        import gc
+
+        gc.unfreeze()
+        gc.collect()  # the old executor's lanes stop when it is collected (casync.engines.lanes.stop_lanes)
+        channel, self._channel = self._channel, None
+        for sockets in (self._sockets, self._far_sockets):
+            if sockets is not None:
+                sockets.close()
+        self._sockets = self._far_sockets = None
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+            self._rendezvous = None
+        if isinstance(channel, ShmChannel):
+            channel.close()  # BufferError here means a view of an arena outlived its executor: a bug, not a leak
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def form_group(actors: dict[str, Any], plans: list[tuple[SyncPlan, int]], transport: str, options: dict[str, Any],

@@ -51,20 +51,39 @@ class ExecutorActor(DataPlaneMember):
                  partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout], timeout_s: float,
                  compute_threads: int = 1):
         keep_freed_memory()
+        self.timeout_s = timeout_s
+        self.compute_threads = compute_threads
+        self.shared: SharedResults | None = None
+        self._take_role(name, share, codecs, plan_seed, partitions, layouts)
+
+    def _take_role(self, name: str, share: ActorShare, codecs: dict, plan_seed: int,
+                   partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout]) -> None:
+        """Become actor ``name`` of a plan, with no state of an earlier one: no residuals, no executor yet (it
+        comes with the data plane, ``_on_channel``), results on Ray's return until :meth:`share_results`."""
         load_torch_casts(codecs.values())
         self.name = name
         self.actor = Actor.parse(name)
         self.share, self.codecs, self.plan_seed, self.partitions = share, codecs, plan_seed, partitions
         self.layouts = layouts
-        self.timeout_s = timeout_s
-        self.compute_threads = compute_threads
         self.residuals: dict[str, np.ndarray] = {}
         self.previous: dict[str, np.ndarray] | None = None
         self.executor: RankExecutor | None = None
         # result buffers, reused step after step: Ray copies them on return, or the driver from shared memory
         self.out: dict[str, np.ndarray] = {}
-        self.shared: SharedResults | None = None
         self.spares: dict[str, np.ndarray] = {}  # residuals no longer held: a step writes its new ones there
+
+    def replan(self, name: str, share: ActorShare, codecs: dict, plan_seed: int,
+               partitions: dict[str, list[tuple[int, int]]], layouts: list[BucketLayout]) -> None:
+        """Drop the plan this actor runs (executor, residuals, results segment, data plane) and take the role
+        ``name`` of a new one; the driver then forms the new data plane (``RayEngine.replan``).  The process,
+        its placement, its timeout and compute threads stay."""
+        shared, self.shared = self.shared, None
+        self.executor, self.out, self.residuals, self.previous, self.spares = None, {}, {}, None, {}
+        self.leave()  # collects the old executor first: nothing holds a view of its arenas or results after
+        if shared is not None:
+            shared.buffers = {}
+            shared.shm.close()  # its name was unlinked when the driver mapped it: this frees the memory
+        self._take_role(name, share, codecs, plan_seed, partitions, layouts)
 
     def _on_channel(self, channel: Any) -> None:
         scan = GradientScan.of(self.actor.index, self.layouts) if self.actor.is_worker else None

@@ -171,8 +171,63 @@ class RayEngine(EngineBase):
         for index, name in enumerate(names):
             self.group.start(name, RemoteExecutorActor, index, cpus, name, shares[name], self.plan.codecs,
                              self.plan.seed, partitions, self._layouts, self.timeout_s, self.compute_threads)
+        self._form_data_plane()
+
+    def _form_data_plane(self) -> None:
+        """Connect the actors for ``self.plan`` (``casync.runtime.data_plane``) and map the results they share."""
         self.interfaces = form_group(self.actors, [(self.plan, 0)], self.transport, self.transport_options, self._get)
         self._share_results()
+
+    def replan(self, plan: SyncPlan) -> None:
+        """Run ``plan`` from now on, on the actors already running: no actor is started.
+
+        The engine's processes are generic: actor i of ``plan`` (``plan.actors``, workers then servers) takes the
+        i-th running process, whatever role it had, so any plan with as many actors as the engine has processes
+        fits — a ring of 5 workers after a parameter server of 3 workers and 2 servers.  Each process drops
+        everything of the old plan (executor, error-feedback residuals, results segment, data plane), takes its
+        new share, codecs, seed and partitions, and the data plane is formed afresh (new shared memory and
+        sockets; a new process group where the transport has one).  The engine starts over at step 0 with no
+        residuals and an empty timeline: the same state as ``RayEngine(plan)`` with this engine's settings
+        (transport, placement, CPUs per actor, compute threads, timeout), and results bit for bit that engine's.
+
+        Refused before anything changes (the engine keeps running its old plan): a plan whose actor count differs
+        (``ValueError``: processes are never started or left idle here, so placement and reserved CPUs stay those
+        of a fresh engine), and any plan on ``transport="objectstore"`` (``ValueError``: its actors are built for
+        one plan's tasks).  A closed or failed engine raises :class:`casync.SyncError`, as ``run_flat`` does; an
+        actor found dead now raises :class:`casync.WorkerLostError`, and a failure while the new data plane forms
+        leaves the engine unusable like any fault.  A plan that needs other settings needs a new engine.
+        """
+        self.group.check_usable("RayEngine", "build a new one and load_state_dict() the last saved state")
+        self._check_replan(plan)
+        handles = list(self.actors.values())  # in bundle order: index i runs in bundle i
+        self._get([h.pid.remote() for h in handles], "checking the actors before re-planning")
+        for mapped in self._mapped.values():  # the actors close their segments below
+            mapped.close()
+        self._mapped = {}
+        self.group.handles = dict(zip(plan.actors, handles))
+        shares = actor_shares(plan)
+        partitions = {b.name: list(b.partitions) for b in plan.buckets}
+        plan_layouts = layouts(plan)
+        self._get([self.actors[name].replan.remote(name, shares[name], plan.codecs, plan.seed, partitions,
+                                                   plan_layouts) for name in plan.actors], "re-planning the actors")
+        self.plan, self._layouts = plan, plan_layouts
+        self._send_of = {n: next(iter(plan.graph.predecessors(n))) for n in plan.nodes(op="recv")}
+        self.state = EngineState()
+        self.clear_timeline()
+        self._form_data_plane()
+
+    def _check_replan(self, plan: SyncPlan) -> None:
+        """Why the running actors cannot host ``plan``, as an error (nothing is changed by this check)."""
+        if not isinstance(plan, SyncPlan):
+            raise TypeError(f"replan needs a SyncPlan, got {type(plan).__name__}")
+        plan.require_executable("RayEngine")
+        if self.transport == "objectstore":
+            raise ValueError("replan needs a direct data plane (transport 'direct', 'tcp', 'gloo' or 'nccl'); the "
+                             "object-store transport's actors are built for one plan's tasks: build a new RayEngine")
+        if len(plan.actors) != len(self.actors):
+            raise ValueError(f"replan needs a plan with as many actors as this engine runs: the plan has "
+                             f"{len(plan.actors)} ({', '.join(plan.actors)}), the engine {len(self.actors)} "
+                             f"({', '.join(self.actors)}); build a new RayEngine for it")
 
     def _share_results(self) -> None:
         """Workers on the driver's machine hand their results over in shared memory (``shared_results``)."""
