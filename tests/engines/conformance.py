@@ -42,14 +42,56 @@ def _torch_dist(plan: casync.SyncPlan) -> Iterator[Any]:
         yield engine
 
 
-#: engine name -> (context manager making the engine for a plan, needs Ray)
+#: the Ray engines' names -> their transports
+RAY_TRANSPORTS = {"ray-direct": "direct", "ray-gloo": "gloo", "ray-objectstore": "objectstore"}
+
+#: engine name -> (context manager making a fresh engine for a plan, needs Ray)
 ENGINES: dict[str, tuple[Callable[[casync.SyncPlan], Any], bool]] = {
     "local": (_local, False),
     "torch-dist": (_torch_dist, False),
-    "ray-direct": (_ray("direct"), True),
-    "ray-gloo": (_ray("gloo"), True),
-    "ray-objectstore": (_ray("objectstore"), True),
+    **{name: (_ray(transport), True) for name, transport in RAY_TRANSPORTS.items()},
 }
+
+
+class RayEngines:
+    """Ray engines kept from one conformance cell to the next: a cell whose plan has as many actors as a kept engine
+    of its transport re-plans it (``RayEngine.replan``) instead of starting actors, which costs most of a Ray
+    cell's time; the first cell of each (transport, actor count) starts its engine, so every transport keeps a fresh
+    start.  A cell gets the same contract from a re-planned engine (step 0, no residuals, a fresh engine's bits),
+    and what it asserts is unchanged.  The object store cannot re-plan: its cells start engines of their own."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, int], Any] = {}
+
+    def maker(self, transport: str) -> Callable[[casync.SyncPlan], Any]:
+        """What ``check_conformance`` takes: a context manager making the engine for a plan."""
+        if transport == "objectstore":
+            return _ray(transport)
+
+        @contextmanager
+        def make(plan: casync.SyncPlan) -> Iterator[Any]:
+            from casync.runtime.ray_engine import RayEngine
+
+            key = (transport, len(plan.actors))
+            engine = self._kept.pop(key, None)
+            try:
+                if engine is None:
+                    engine = RayEngine(plan, timeout_s=60, transport=transport)
+                else:
+                    engine.replan(plan)
+                yield engine
+            except BaseException:  # a cell that failed keeps nothing for the next one
+                if engine is not None:
+                    engine.close()
+                raise
+            self._kept[key] = engine
+
+        return make
+
+    def close(self) -> None:
+        for engine in self._kept.values():
+            engine.close()
+        self._kept = {}
 
 
 def step_grads(workers: int, step: int, shapes: dict = SHAPES) -> list[dict[str, np.ndarray]]:

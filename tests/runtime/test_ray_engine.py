@@ -9,6 +9,7 @@ import ray
 
 import casync
 from casync.runtime.ray_engine import RayEngine
+from tests.engines.conformance import RayEngines
 from tests.helpers import make_grads
 
 SHAPES = {"w": (2000,), "m": (31, 17), "s": (), "b": (7,)}
@@ -24,12 +25,62 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("strategy,codec,workers,extra", CONFIGS,
-                         ids=[f"{s}-{c}-{n}w-{'-'.join(f'{k}{v}' for k, v in e.items())}" for s, c, n, e in CONFIGS])
-def test_bitwise_identical_to_local_engine(ray_local, strategy, codec, workers, extra):
-    plan = casync.build_plan(SHAPES, workers=workers, strategy=strategy, codec=codec, bucket_bytes=2048, **extra)
-    with RayEngine(plan, timeout_s=60) as engine:
-        _check_three_syncs_against_local_engine(plan, engine)
+@pytest.fixture(scope="class")
+def kept(ray_local):
+    """Engines kept for the class's tests, one per actor count, re-planned for each test's plan (the first test of
+    each count starts its engine): what these tests check is the plan's results, not starting actors."""
+    engines = RayEngines()
+    yield engines.maker("direct")
+    engines.close()  # before the tests that need the shared Ray's CPUs free
+
+
+class TestOnKeptEngines:
+    """Results, timeline and input checks of plans, on engines re-planned from test to test (``RayEngine.replan``
+    gives a fresh engine's state and bits, tests/runtime/test_replan.py); the tests below the class start their
+    engines, as what they check is the engine's start, its settings or its end."""
+
+    @pytest.mark.parametrize("strategy,codec,workers,extra", CONFIGS,
+                             ids=[f"{s}-{c}-{n}w-{'-'.join(f'{k}{v}' for k, v in e.items())}" for s, c, n, e in CONFIGS])
+    def test_bitwise_identical_to_local_engine(self, kept, strategy, codec, workers, extra):
+        plan = casync.build_plan(SHAPES, workers=workers, strategy=strategy, codec=codec, bucket_bytes=2048, **extra)
+        with kept(plan) as engine:
+            _check_three_syncs_against_local_engine(plan, engine)
+
+    def test_timeline_shows_overlap_between_tensors(self, kept, tmp_path):
+        """Some op of one tensor runs while an op of another tensor runs on another actor."""
+        shapes = {f"t{i}": (400_000,) for i in range(4)}
+        plan = casync.build_plan(shapes, workers=4, strategy="ring", codec="onebit", bucket_bytes=0)
+        grads = make_grads(shapes, 4)
+        with kept(plan) as engine:
+            engine.sync(grads)
+            rows = [r for r in engine.timeline() if r["op"] in ("encode", "decode", "merge")]
+            png = engine.draw_timeline(str(tmp_path / "gantt.png"))
+        assert {r["op"] for r in engine.timeline()} >= {"load", "encode", "decode", "merge", "send", "recv"}
+        overlapping = [(a, b) for a in rows for b in rows
+                       if a["actor"] != b["actor"] and a["bucket"] != b["bucket"]
+                       and a["start"] < b["end"] and b["start"] < a["end"]]
+        assert overlapping, "no two tensors' compute ops overlapped across actors"
+        assert open(png, "rb").read(4) == b"\x89PNG"
+        # each compute op's own CPU time (what calibration scales by) fits inside its wall time
+        assert all(0 <= r["cpu"] <= r["end"] - r["start"] + 1e-3 for r in rows) and sum(r["cpu"] for r in rows) > 0
+
+    def test_torch_in_torch_out(self, kept):
+        torch = pytest.importorskip("torch")
+        model = torch.nn.Linear(5, 3)
+        plan = casync.build_plan(model, workers=2, strategy="ring", codec="none")
+        grads = [{n: torch.full_like(p, float(r)) for n, p in model.named_parameters()} for r in range(2)]
+        with kept(plan) as engine:
+            out = engine.sync(grads)
+        assert isinstance(out[1]["weight"], torch.Tensor)
+        torch.testing.assert_close(out[1]["weight"], torch.full((3, 5), 0.5))
+
+    def test_bad_input_rejected_before_submission_engine_stays_usable(self, kept):
+        plan = casync.build_plan({"a": (10,)}, workers=2, strategy="ring", codec="onebit")
+        with kept(plan) as engine:
+            with pytest.raises(ValueError, match="worker 1.*'a'.*shape"):
+                engine.sync([{"a": np.zeros(10, np.float32)}, {"a": np.zeros(11, np.float32)}])
+            out = engine.sync(make_grads({"a": (10,)}, 2))
+            assert engine.step == 1 and out[0]["a"].shape == (10,)
 
 
 def _check_three_syncs_against_local_engine(plan, engine):
@@ -158,45 +209,6 @@ def test_compute_threads_are_checked(ray_local):
             RayEngine(plan, compute_threads=bad)
     with pytest.raises(ValueError, match="direct data plane"):
         RayEngine(plan, compute_threads=2, transport="objectstore")
-
-
-def test_timeline_shows_overlap_between_tensors(ray_local, tmp_path):
-    """Some op of one tensor runs while an op of another tensor runs on another actor."""
-    shapes = {f"t{i}": (400_000,) for i in range(4)}
-    plan = casync.build_plan(shapes, workers=4, strategy="ring", codec="onebit", bucket_bytes=0)
-    grads = make_grads(shapes, 4)
-    with RayEngine(plan) as engine:
-        engine.sync(grads)
-        rows = [r for r in engine.timeline() if r["op"] in ("encode", "decode", "merge")]
-        png = engine.draw_timeline(str(tmp_path / "gantt.png"))
-    assert {r["op"] for r in engine.timeline()} >= {"load", "encode", "decode", "merge", "send", "recv"}
-    overlapping = [(a, b) for a in rows for b in rows
-                   if a["actor"] != b["actor"] and a["bucket"] != b["bucket"]
-                   and a["start"] < b["end"] and b["start"] < a["end"]]
-    assert overlapping, "no two tensors' compute ops overlapped across actors"
-    assert open(png, "rb").read(4) == b"\x89PNG"
-    # each compute op's own CPU time (what calibration scales by) fits inside its wall time
-    assert all(0 <= r["cpu"] <= r["end"] - r["start"] + 1e-3 for r in rows) and sum(r["cpu"] for r in rows) > 0
-
-
-def test_torch_in_torch_out(ray_local):
-    torch = pytest.importorskip("torch")
-    model = torch.nn.Linear(5, 3)
-    plan = casync.build_plan(model, workers=2, strategy="ring", codec="none")
-    grads = [{n: torch.full_like(p, float(r)) for n, p in model.named_parameters()} for r in range(2)]
-    with RayEngine(plan) as engine:
-        out = engine.sync(grads)
-    assert isinstance(out[1]["weight"], torch.Tensor)
-    torch.testing.assert_close(out[1]["weight"], torch.full((3, 5), 0.5))
-
-
-def test_bad_input_rejected_before_submission_engine_stays_usable(ray_local):
-    plan = casync.build_plan({"a": (10,)}, workers=2, strategy="ring", codec="onebit")
-    with RayEngine(plan) as engine:
-        with pytest.raises(ValueError, match="worker 1.*'a'.*shape"):
-            engine.sync([{"a": np.zeros(10, np.float32)}, {"a": np.zeros(11, np.float32)}])
-        out = engine.sync(make_grads({"a": (10,)}, 2))
-        assert engine.step == 1 and out[0]["a"].shape == (10,)
 
 
 def test_killed_worker_raises_typed_error_and_resume_from_state(ray_local):
