@@ -79,6 +79,7 @@ class RayEngine(EngineBase):
     ``compute_threads``: ops each actor runs at once on the direct plane; give more where an actor has cores of
     its own (one actor per node or per GPU).  By default one per whole CPU the actor reserves
     (``num_cpus_per_actor``, at least 1), as Ray sizes an actor's ``OMP_NUM_THREADS``; without a reservation, 1.
+    :meth:`replan` runs another plan with as many actors on the running actors, without starting any.
     """
 
     def __init__(self, plan: SyncPlan, address: str | None = None, timeout_s: float = 60.0,
