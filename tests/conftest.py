@@ -1,4 +1,4 @@
-"""Shared fixtures: an embedded Ray shared by the modules in turn, a multi-node Ray cluster, and the markers' rules."""
+"""Shared fixtures: an embedded Ray and a multi-node Ray cluster, each shared by the modules in turn, and the markers' rules."""
 from __future__ import annotations
 
 import sys
@@ -53,39 +53,78 @@ def _all_cpus_free(ray, wait_s: float = 5.0) -> bool:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_embedded_ray_where_unused(request):
-    """A module that does not use ``ray_local`` runs without the shared Ray's processes (as if it were alone)."""
+def _no_shared_ray_where_unused(request):
+    """A module that does not use ``ray_local`` (``ray_cluster``) runs without the shared Ray's (cluster's)
+    processes, as if it were alone."""
     if request.node.nodeid not in request.config.stash.get(_RAY_MODULES, set()):
         ray = sys.modules.get("ray")
         if ray is not None and _shared_ray_is_up(ray):
             ray.shutdown()
+    if request.node.nodeid not in request.config.stash.get(_CLUSTER_MODULES, set()):
+        _stop_cluster()
     yield
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _ray_down_at_the_end():
     yield
+    _stop_cluster()
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
 
 
+_CLUSTER: dict = {}  # the 3-node cluster ray_cluster started last ("cluster") and its nodes' ids ("nodes")
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A 3-node Ray cluster on this machine (several raylets), for multi-node placement tests."""
+    """A 3-node Ray cluster on this machine (several raylets), for multi-node placement tests; shared, as
+    ``ray_local`` is, by the modules that use it one after another (a start costs ~3 Ray starts).
+
+    A module gets a fresh one when it was shut down, or when the last module left it changed: a node removed or
+    added, or CPUs held (actors or reservations left behind): a module that does that never leaks into the next."""
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
+    if not _cluster_is_clean(ray):
+        _stop_cluster()
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 96 * 2**20,
+                                                                "include_dashboard": False})
+        for _ in range(2):
+            cluster.add_node(num_cpus=1, object_store_memory=96 * 2**20)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        _CLUSTER.update(cluster=cluster, nodes=_alive_nodes(ray))
+    yield _CLUSTER["cluster"]
+    if not _cluster_is_clean(ray):
+        _stop_cluster()
+
+
+def _alive_nodes(ray) -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+def _cluster_is_clean(ray) -> bool:
+    """Whether this process is connected to the cluster ``ray_cluster`` started last, with the nodes it started
+    with (alive, no other) and every CPU free."""
+    cluster = _CLUSTER.get("cluster")
+    return (cluster is not None and ray.is_initialized()
+            and ray.get_runtime_context().gcs_address == cluster.address
+            and _alive_nodes(ray) == _CLUSTER["nodes"] and _all_cpus_free(ray))
+
+
+def _stop_cluster() -> None:
+    """Shut the kept cluster down, and disconnect from it (nothing when there is none)."""
+    cluster = _CLUSTER.pop("cluster", None)
+    _CLUSTER.pop("nodes", None)
+    if cluster is None:
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and ray.get_runtime_context().gcs_address == cluster.address:
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 96 * 2**20,
-                                                            "include_dashboard": False})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, object_store_memory=96 * 2**20)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    yield cluster
-    ray.shutdown()
     cluster.shutdown()
 
 
@@ -93,23 +132,28 @@ _FIXTURE_MARKS = {"ray_local": "ray", "ray_cluster": "cluster"}
 
 
 _RAY_MODULES = pytest.StashKey[set]()
+_CLUSTER_MODULES = pytest.StashKey[set]()
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests that use the embedded Ray or the multi-node cluster carry the ``ray`` / ``cluster`` marker, so
     ``-m "not ray"`` runs the Ray-free suite in seconds; modules that use the embedded Ray are noted, and run
     one after another after the Ray-free ones (each module keeps its own order): the shared Ray then starts
-    once instead of once per Ray module between Ray-free ones (a start and a stop cost ~5 s and ~6 CPU-s).  A
+    once instead of once per Ray module between Ray-free ones (a start and a stop cost ~5 s and ~6 CPU-s); the
+    modules that use the 3-node cluster run last, together, for the same reason.  A
     module whose tests ask for ``ray_local`` at run time (``request.getfixturevalue``) says so with a module-level
     ``USES_RAY_LOCAL = True``."""
     ray_modules = {_module(item) for item in items if "ray_local" in getattr(item, "fixturenames", ())
                    or getattr(getattr(item, "module", None), "USES_RAY_LOCAL", False)}
+    cluster_modules = {_module(item) for item in items if "ray_cluster" in getattr(item, "fixturenames", ())}
     config.stash[_RAY_MODULES] = ray_modules
+    config.stash[_CLUSTER_MODULES] = cluster_modules
     for item in items:
         for fixture, mark in _FIXTURE_MARKS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(mark)
-    items.sort(key=lambda item: _module(item) in ray_modules)  # stable: collection order within each group
+    # stable: collection order within each group; the cluster's modules last, one after another, as ray_local's
+    items.sort(key=lambda item: (_module(item) in cluster_modules, _module(item) in ray_modules))
 
 
 def _module(item: pytest.Item) -> str:
