@@ -16,9 +16,10 @@ orders its ready ops by :func:`order_key`; :func:`compile_program` gives the Ray
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from .plan.syncplan import SyncPlan
+if TYPE_CHECKING:  # only annotations: an actor that runs its ActorShare needs no plan module
+    from .plan.syncplan import SyncPlan
 
 
 def hop_rounds(succ: Sequence[Sequence[int]], is_send: Sequence[bool], npred: Sequence[int]) -> list[int]:

@@ -63,6 +63,22 @@ def imports_of(module: str) -> set[str]:
         else:
             continue
         found.update(t for t in targets if t in MODULES and t != module)
+    return found | _lazy_imports_of(module, tree, package)
+
+
+def _lazy_imports_of(module: str, tree: ast.AST, package: str) -> set[str]:
+    """Modules a lazy package (``casync.lazy.attach``) names as strings: its ``__getattr__`` imports them on first
+    use, an edge like a function-level import.  Any string in the package's ``__init__`` that names a module
+    (``".sim.costmodel"``, ``"casync.strategies"``) or a submodule (``"sim"``) counts."""
+    if MODULES[module].name != "__init__.py" or "attach" not in {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}:
+        return set()
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            target = package + text if text.startswith(".") else text if text in MODULES else f"{package}.{text}"
+            if target in MODULES and target != module:
+                found.add(target)
     return found
 
 
@@ -178,3 +194,66 @@ def test_import_casync_and_building_a_fixed_plan_import_neither_ray_nor_the_plan
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+#: what a Ray actor or a gloo rank process imports first (``RemoteExecutorActor``, ``RemoteSyncActor``, the Trainer's
+#: workers, the baselines' and the time-to-accuracy mode's rank entries)
+PROCESS_ENTRIES = ("casync.runtime.executor_actor", "casync.runtime.ray_actor", "casync.training.worker",
+                   "casync.bench.baselines", "casync.bench.tta.rank")
+#: what none of them needs to start: the planner, plan building and the simulator, and what they bring
+NOT_AT_START = ("networkx", "matplotlib", "sklearn", "casync.planner", "casync.build", "casync.plan.assemble",
+                "casync.strategies", "casync.sim.simulator", "casync.drawing")
+
+
+def test_actor_and_rank_processes_start_without_the_planner_or_networkx():
+    """Hundreds of actors and ranks start per suite run: each imports only what it runs (issue #42)."""
+    code = ("import importlib, sys\n"
+            f"for entry in {PROCESS_ENTRIES!r}:\n"
+            "    importlib.import_module(entry)\n"
+            f"    print(entry, sorted(m for m in {NOT_AT_START!r} if m in sys.modules))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == list(PROCESS_ENTRIES)
+    assert all(line.endswith(" []") for line in lines), "imported at start (entries in import order):\n" + run.stdout
+
+
+def test_import_casync_imports_none_of_its_dependencies_and_lookups_find_every_builtin():
+    """``import casync`` loads no torch, Ray, networkx or NumPy; the first lookup imports (and so registers) the
+    built-in codecs and strategies."""
+    code = ("import sys, casync\n"
+            "print(sorted(m for m in ('torch', 'ray', 'networkx', 'numpy', 'matplotlib') if m in sys.modules))\n"
+            "print(casync.available_strategies(), casync.get_codec('topk:ratio=0.1').name)\n"
+            "from casync.primitives.codecs import available_codecs\n"
+            "print(len(available_codecs()))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    loaded, lookups, codecs = run.stdout.splitlines()
+    assert loaded == "[]"
+    assert lookups == "['ring', 'ps', 'allgather'] topk"
+    assert int(codecs) >= 8
+
+
+def test_every_public_name_of_a_lazy_package_is_the_object_its_module_defines():
+    """``casync.X`` (and ``casync.plan.X``, ...) is loaded on first use (``casync.lazy``): the same object as
+    ``from <its module> import X``, listed by ``dir`` and ``__all__``, and ``from casync import *`` binds them."""
+    import importlib
+
+    import casync
+
+    for package in ("casync", "casync.plan", "casync.sim", "casync.engines", "casync.planner"):
+        module = importlib.import_module(package)
+        assert set(module.__all__) <= set(dir(module)), package
+        for name in module.__all__:
+            value = getattr(module, name)
+            defined = getattr(value, "__module__", None)
+            if defined and defined.startswith("casync.") and isinstance(value, type | type(imports_of)):
+                assert getattr(importlib.import_module(defined), value.__name__) is value, f"{package}.{name}"
+    assert casync.SyncPlan is importlib.import_module("casync.plan.syncplan").SyncPlan
+    assert casync.get_codec is importlib.import_module("casync.primitives.codecs").get_codec
+    assert casync.sim.simulate is casync.simulate  # a subpackage a bare import once loaded is still an attribute
+    names: dict = {}
+    exec("from casync import *", names)
+    assert {n for n in names if not n.startswith("__")} == set(casync.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        casync.nope  # noqa: B018

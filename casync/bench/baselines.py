@@ -49,7 +49,6 @@ from ..engines.memory import WARMUP_SYNCS
 from ..engines.memory import keep_freed_memory
 from ..sim.costmodel import ClusterModel
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
-from .predict import plan_choices
 from .ranks import RankError, RankLauncher, leave_without_teardown, run_ranks
 
 BASELINES: dict[str, str] = {
@@ -321,6 +320,8 @@ def _rank_main(args: argparse.Namespace) -> None:
                 entry["wire_bytes"], entry["dense_wire_bytes"] = wire
                 entry["timeline"] = _hook_timeline(gathered)
                 if state.options.planned:  # what the planner chose per DDP bucket
+                    from .predict import plan_choices  # here: a gloo baseline's rank needs no simulator
+
                     entry["plan"] = plan_choices(state.plan)
                 # for the prediction: the plan, and each bucket ready when the last rank handed it over
                 t0 = _last_start(gathered)

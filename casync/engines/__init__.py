@@ -5,8 +5,10 @@
 applies.  ``LocalEngine`` defines what a plan means; the Ray runtime (``casync.runtime``) must match it
 bit for bit.
 """
-from .contract import Engine, EngineBase
-from .local import LocalEngine
-from .nonfinite import NonFiniteReport, SyncOutput
+from ..lazy import attach
+
+# imported on first use: a runtime actor imports casync.engines.executor, never the reference engine
+__getattr__, __dir__ = attach(__name__, {"Engine": ".contract", "EngineBase": ".contract", "LocalEngine": ".local",
+                                         "NonFiniteReport": ".nonfinite", "SyncOutput": ".nonfinite"})
 
 __all__ = ["Engine", "EngineBase", "LocalEngine", "NonFiniteReport", "SyncOutput"]

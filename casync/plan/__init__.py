@@ -4,9 +4,11 @@
 buckets, partition, expand with each bucket's strategy) -> ``lint`` (the IR's rules) -> a :class:`SyncPlan`.
 The package does not import ``build`` itself: that module dispatches to the planner, which imports this one.
 """
-from .assemble import BucketChoice, assemble_plan
-from .lint import lint
-from .specs import Bucket, Member, TensorSpec
-from .syncplan import SyncPlan
+from ..lazy import attach
+
+# imported on first use: an actor that only unpickles a SyncPlan needs neither the assembler nor the linter
+__getattr__, __dir__ = attach(__name__, {"BucketChoice": ".assemble", "assemble_plan": ".assemble", "lint": ".lint",
+                                         "Bucket": ".specs", "Member": ".specs", "TensorSpec": ".specs",
+                                         "SyncPlan": ".syncplan"})
 
 __all__ = ["Bucket", "BucketChoice", "Member", "SyncPlan", "TensorSpec", "assemble_plan", "lint"]

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, Iterator
 
 from casync.primitives.codecs import Codec
 from casync.primitives.ir import OPS, Actor
-from casync.strategies import get_strategy
 
 from ..table import format_table, human_bytes
 from .specs import Bucket, Member, TensorSpec
+
+if TYPE_CHECKING:  # networkx and the strategies are imported where used: actors that hold a plan rarely need them
+    import networkx as nx
 
 
 @dataclass
@@ -98,6 +98,8 @@ class SyncPlan:
 
     def topological_order(self) -> list[str]:
         """A deterministic topological order: earlier-ready buckets first, then by node id."""
+        import networkx as nx
+
         attrs = self.graph.nodes
         return list(nx.lexicographical_topological_sort(self.graph, key=lambda n: (attrs[n]["priority"], n)))
 
@@ -140,6 +142,8 @@ class SyncPlan:
     def summary(self) -> str:
         """One row per bucket: its tensors (count, first and last), strategy, codec, partitions, wire bytes,
         op counts and the planner's note.  ``explain(tensor)`` tells one tensor's story."""
+        from casync.strategies import get_strategy
+
         from .explain import members_label
 
         rows = []

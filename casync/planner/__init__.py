@@ -43,12 +43,17 @@ many simulations ran and how long planning took.
 """
 from __future__ import annotations
 
-from ..plan.ready import backward_ready_times
-from .candidates import DEFAULT_CODECS, default_strategies
-from .choose import DEFAULT_SIM_BUDGET_OPS, MUST_SIMULATE_FIXED, choose_plan
-from .estimator import Cost, Estimator, Option
-from .search import Planner, min_gain
-from .timeline import timeline_estimate
+from ..lazy import attach
+
+# imported on first use: a module that needs one planner piece (the estimator, the candidates) loads only that one
+__getattr__, __dir__ = attach(__name__, {
+    "backward_ready_times": "casync.plan.ready",
+    **dict.fromkeys(["DEFAULT_CODECS", "default_strategies"], ".candidates"),
+    **dict.fromkeys(["DEFAULT_SIM_BUDGET_OPS", "MUST_SIMULATE_FIXED", "choose_plan"], ".choose"),
+    **dict.fromkeys(["Cost", "Estimator", "Option"], ".estimator"),
+    **dict.fromkeys(["Planner", "min_gain"], ".search"),
+    "timeline_estimate": ".timeline",
+})
 
 __all__ = ["DEFAULT_CODECS", "DEFAULT_SIM_BUDGET_OPS", "MUST_SIMULATE_FIXED", "Cost", "Estimator", "Option", "Planner",
            "backward_ready_times", "choose_plan", "default_strategies", "min_gain", "timeline_estimate"]

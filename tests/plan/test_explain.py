@@ -34,7 +34,7 @@ def test_explain_a_tensor_of_a_planned_plan():
     assert text.startswith(f"tensor {name}: 1,048,576 elements (2048x512x1x1)")
     assert f"bucket      {bucket.name} " in text
     assert f"elements [{member.offset:,}, {member.stop:,}) of {bucket.numel:,}" in text
-    assert f"strategy    {casync.plan.syncplan.get_strategy(bucket.strategy).label(bucket)}" in text
+    assert f"strategy    {casync.get_strategy(bucket.strategy).label(bucket)}" in text
     assert f"codec       {bucket.codec}" in text
     assert f"partitions  {len(bucket.partitions)} of " in text
     wire = plan.wire_bytes(bucket.name)
