@@ -117,7 +117,7 @@ class DataPlaneMember(ActorProcess):
             self._rendezvous.close()
             self._rendezvous = None
         if isinstance(channel, ShmChannel):
-            channel.close()  # BufferError here means a view of an arena outlived its executor: a bug, not a leak
+            channel.close()  # a view of an arena that outlived its executor raises BufferError: loud, not leaked
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
