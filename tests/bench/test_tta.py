@@ -16,6 +16,7 @@ from casync.bench.tta.configs import CONFIGS, Config, resolve, run_options
 from casync.bench.tta.curves import reference_target, summarize, sync_share, target_step, time_to_target
 from casync.bench.tta.report import table, text_summary, write_report
 from casync.bench.tta.runner import eval_steps, run_tta
+from casync.tasks.schedules import lr_factor
 from casync.cli import main
 import casync.tasks.image as image_task
 from casync.tasks import get_task
@@ -174,7 +175,7 @@ def tiny_result(tiny_images):
     return run_tta(get_task("image"), [broken, CONFIGS["allreduce"], CONFIGS["ring/onebit"], diverging,
                                                CONFIGS["cdsgd/onebit"]], seeds=[0],
                    steps=4, ranks=2, eval_every=1, setup=local_setup(), data=str(tiny_images), batch_size=4,
-                   progress=False, command="casync tta (test)")
+                   schedule="cosine", progress=False, command="casync tta (test)")
 
 
 def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path):
@@ -192,6 +193,8 @@ def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path
     for run in (runs["allreduce"], runs["ring/onebit"], runs["cdsgd/onebit"]):  # cdsgd: after its pending update
         assert run["error"] is None and run["nonfinite"] is None and run["consistent"] is True
         assert run["steps_done"] == 4 and run["train_seconds"] > 0
+        # cosine over 4 steps: step 4 trains at lr * (1 + cos(3 pi / 4)) / 2 = 0.1464 lr
+        assert run["last_lr"] == pytest.approx(result["task"]["lr"] * 0.1464466, rel=1e-6)
         assert all(0 <= p["metric"] <= 1 for p in run["points"])
         assert [p["seconds"] for p in run["points"]] == sorted(p["seconds"] for p in run["points"])
     hidden = image_task.HIDDEN
@@ -206,6 +209,14 @@ def test_a_tiny_comparison_writes_the_table_json_and_plots(tiny_result, tmp_path
     assert all((tmp_path / name).stat().st_size > 0 for name in ("tta_step.png", "tta_time.png"))
     assert written["plots"] == [str(tmp_path / "tta_step.png"), str(tmp_path / "tta_time.png")]
     assert text_summary(result).startswith("target: top-1 accuracy")
+
+
+def test_learning_rate_schedules_by_hand():
+    cosine, constant = lr_factor("cosine", 4), lr_factor("constant", 4)
+    assert [round(cosine(k), 6) for k in range(5)] == [1.0, 0.853553, 0.5, 0.146447, 0.0]
+    assert [constant(k) for k in range(5)] == [1.0] * 5
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'step'; choose one of constant, cosine"):
+        lr_factor("step", 4)
 
 
 def test_a_failing_run_is_recorded_the_rest_go_on_and_a_non_finite_loss_stops_its_run(tiny_result):

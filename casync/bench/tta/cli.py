@@ -7,6 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ...tasks.schedules import SCHEDULES
+
 DEFAULT_STEPS = 300
 
 
@@ -32,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="evaluate on rank 0 every E steps (default: a tenth of the steps), at 80 %% and at the end")
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's, tuned on allreduce)")
     p.add_argument("--batch-size", type=int, default=None, help="per rank (default: the task's)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="learning-rate schedule over the steps (default: the task's, tuned with its rate)")
     p.add_argument("--target", type=float, default=None,
                    help="the metric to reach (default: what allreduce reaches at 80 %% of its steps, mean over seeds)")
     p.add_argument("--netem", default=None, metavar="LINKS_ENV",
@@ -49,7 +53,8 @@ def command_line(args: argparse.Namespace, prog: str, task: str, configs: list[s
     parts = [prog, "--task", task] + (["--data", args.data] if args.data else []) + ["--configs", *configs]
     parts += ["--seeds", *map(str, args.seeds), "--steps", str(steps), "--ranks", str(args.ranks),
               "--eval-every", str(every)]
-    for flag, value in (("--lr", args.lr), ("--batch-size", args.batch_size), ("--target", args.target),
+    for flag, value in (("--lr", args.lr), ("--batch-size", args.batch_size), ("--schedule", args.schedule),
+                        ("--target", args.target),
                         ("--netem", args.netem), ("--out", args.out)):
         if value is not None:
             parts += [flag, str(value)]
@@ -91,8 +96,8 @@ def run(args: argparse.Namespace, prog: str = "casync tta") -> int:
           f"{args.ranks} ranks ({describe(setup)})", file=sys.stderr)
     try:
         result = run_tta(task, configs, seeds=args.seeds, steps=steps, ranks=args.ranks, eval_every=every,
-                         setup=setup, data=args.data, lr=args.lr, batch_size=args.batch_size, target=args.target,
-                         progress=not args.no_progress, stall_s=args.stall_timeout,
+                         setup=setup, data=args.data, lr=args.lr, batch_size=args.batch_size, schedule=args.schedule,
+                         target=args.target, progress=not args.no_progress, stall_s=args.stall_timeout,
                          compute_threads=args.compute_threads, command=command)
     except TTAError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

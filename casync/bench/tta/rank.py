@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from ...tasks.schedules import lr_factor
 from ..ranks import leave_without_teardown
 from .configs import Config, run_options
 from .wire import WireCounter
@@ -87,12 +88,13 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
     model = task.model(data, seed)
     numel = sum(p.numel() for p in model.parameters())
     net, opt, holder = build(config, task, model, spec["lr"], seed, spec)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(spec.get("schedule", "constant"), spec["steps"]))
     counter = WireCounter(config, holder, numel, world)
     batches = task.batches(data, rank, world, spec["batch_size"], seed)
     steps, evals = spec["steps"], set(spec["eval_steps"])
     delayed = bool(config.options.get("delayed_update"))
     points: list[dict[str, Any]] = []
-    trained, bad, nonfinite, step = 0.0, None, None, 0
+    trained, bad, nonfinite, step, last_lr = 0.0, None, None, 0, None
     dist.barrier()
     start = time.perf_counter()
     for step in range(1, steps + 1):
@@ -102,6 +104,8 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
         loss = task.loss(net, inputs, targets)
         loss.backward()
         opt.step()
+        last_lr = opt.param_groups[0]["lr"]
+        schedule.step()
         counter.step()
         if bad is None and not math.isfinite(float(loss)):
             bad = step
@@ -130,7 +134,7 @@ def train(task: Any, data: Any, config: Config, seed: int, spec: dict[str, Any],
         start = time.perf_counter()
     wire = counter.totals()
     result = {"config": config.name, "seed": seed, "points": points, "steps_done": step, "train_seconds": trained,
-              "nonfinite": nonfinite, "error": None, "consistent": consistent(model, config, world),
+              "nonfinite": nonfinite, "error": None, "consistent": consistent(model, config, world), "last_lr": last_lr,
               "options": run_options(config.options, steps, spec["lr"]), **wire}
     for closing in {id(x): x for x in (holder, opt)}.values():  # casync's groups and threads, once each
         if hasattr(closing, "close"):

@@ -94,7 +94,7 @@ def render_markdown(result: dict[str, Any], plots: list[str]) -> str:
          f"{machine.get('loadavg_at_start')}; Python {machine.get('python')}, torch {machine.get('torch')}; "
          f"{machine.get('platform')}.", "",
          f"Task: {task['name']}, {task['metric']} ({'higher' if task['higher_is_better'] else 'lower'} is better), "
-         f"learning rate {task['lr']:g}, batch {task['batch_size']} per rank; {proto['ranks']} ranks, {proto['steps']} "
+         f"learning rate {task['lr']:g} ({task.get('schedule', 'constant')}), batch {task['batch_size']} per rank; {proto['ranks']} ranks, {proto['steps']} "
          f"steps, seeds {', '.join(map(str, proto['seeds']))}, evaluated at steps "
          f"{', '.join(map(str, proto['eval_steps']))}. Data: {_data_line(task)}.", "",
          _target_line(result) + ".", "", markdown_table(headers, body), "", READING, ""]

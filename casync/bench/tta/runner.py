@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from ...tasks.schedules import check_schedule
 from ..ranks import RankError, run_ranks
 from ..runner import _short, machine_info
 from ..setup import Setup
@@ -55,7 +56,7 @@ def check(task: Any, configs: Sequence[Config], seeds: Sequence[int], ranks: int
 
 def run_tta(task: Any, configs: Sequence[Config], *, seeds: Sequence[int], steps: int, ranks: int, eval_every: int,
             setup: Setup, data: str | None = None, lr: float | None = None, batch_size: int | None = None,
-            target: float | None = None, progress: bool = True, stall_s: float = 900.0, compute_threads: int = 1,
+            schedule: str | None = None, target: float | None = None, progress: bool = True, stall_s: float = 900.0, compute_threads: int = 1,
             command: str = "") -> dict[str, Any]:
     """Train ``task`` (a :class:`~casync.tasks.Task`) with every configuration and seed on ``ranks`` gloo ranks
     of ``setup``; returns everything the report needs (the JSON's content; :mod:`casync.bench.tta.report`)."""
@@ -67,6 +68,7 @@ def run_tta(task: Any, configs: Sequence[Config], *, seeds: Sequence[int], steps
     points = eval_steps(steps, eval_every)
     lr = float(task.defaults["lr"] if lr is None else lr)
     batch_size = int(task.defaults["batch_size"] if batch_size is None else batch_size)
+    schedule = check_schedule(task.defaults.get("schedule", "constant") if schedule is None else schedule)
     runs = [{"index": i, "config": c.to_dict(), "seed": s}
             for i, (s, c) in enumerate((s, c) for s in seeds for c in configs)]
     cluster = setup.cluster_model(ranks) if any(c.variant and ":auto:" in c.variant for c in configs) else None
@@ -77,7 +79,7 @@ def run_tta(task: Any, configs: Sequence[Config], *, seeds: Sequence[int], steps
     try:
         with tempfile.TemporaryDirectory(prefix="casync-tta-") as tmp:
             spec = {"task": task.name, "data": data, "steps": steps, "eval_steps": points, "lr": lr,
-                    "batch_size": batch_size, "results": tmp, "progress": str(Path(tmp) / "progress"),
+                    "schedule": schedule, "batch_size": batch_size, "results": tmp, "progress": str(Path(tmp) / "progress"),
                     "timeout_s": int(stall_s), "compute_threads": compute_threads,
                     "cluster": cluster.to_dict() if cluster is not None else None}
             pending = list(runs)
@@ -118,7 +120,8 @@ def run_tta(task: Any, configs: Sequence[Config], *, seeds: Sequence[int], steps
             "setup": {"kind": setup.kind, "description": describe(setup), "nodes": setup.nodes,
                       "bandwidth_gbps": setup.bandwidth_gbps},
             "task": {"name": task.name, "metric": task.metric, "higher_is_better": task.higher_is_better,
-                     "data": data, "lr": lr, "batch_size": batch_size, "manifest": manifest},
+                     "data": data, "lr": lr, "schedule": schedule, "batch_size": batch_size,
+                     "manifest": manifest},
             "protocol": {"steps": steps, "seeds": list(seeds), "ranks": ranks, "eval_steps": points,
                          "target_step": target_step(steps), "reference": REFERENCE},
             "target": {"value": target, "source": source},
