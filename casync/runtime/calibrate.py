@@ -323,12 +323,13 @@ def calibration_tensors(count: int = 40, smallest: int = 20_000, largest: int = 
     return [(f"t{i}", (int(n),)) for i, n in enumerate(sizes)]
 
 
-def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CALIBRATION_CONFIGS) -> list[SyncPlan]:
-    """The default calibration plans: ``configs`` over :func:`calibration_tensors` at ``workers`` workers
-    (at most the machine's cores, so op times are not time-sliced between actors)."""
+def calibration_plans(workers: int = 2, configs: Iterable[tuple[str, str]] = CALIBRATION_CONFIGS,
+                      tensors: list[tuple[str, tuple[int]]] | None = None) -> list[SyncPlan]:
+    """The default calibration plans: ``configs`` over ``tensors`` (default: :func:`calibration_tensors`) at
+    ``workers`` workers (at most the machine's cores, so op times are not time-sliced between actors)."""
     from ..build import build_plan
 
-    tensors = calibration_tensors()
+    tensors = calibration_tensors() if tensors is None else tensors
     return [build_plan(tensors, workers=workers, strategy=s, codec=c) for s, c in configs]
 
 
@@ -345,22 +346,50 @@ def measure_run(plan: SyncPlan, iters: int = 5, timeout_s: float = 300.0, transp
                 warmup: int = WARMUP_SYNCS) -> MeasuredRun:
     """Run ``plan`` on a RayEngine (Ray must be up) with random gradients: ``warmup`` untimed steps (default:
     until the actors allocate nothing new, ``casync.engines.memory.WARMUP_SYNCS``), then ``iters`` steps."""
-    from ..engines.inputs import flatten_worker_grads, random_grads
+    return measure_runs([plan], iters, timeout_s, transport, warmup)[0]
+
+
+def measure_runs(plans: Iterable[SyncPlan], iters: int = 5, timeout_s: float = 300.0, transport: str = "objectstore",
+                 warmup: int = WARMUP_SYNCS) -> list[MeasuredRun]:
+    """:func:`measure_run` of each plan in turn.  On a data plane that re-plans (any but ``objectstore``), a plan
+    with as many actors as the one before runs on the same actors (``RayEngine.replan``: a fresh engine's state,
+    no actor started), which saves an engine's start-up, seconds, per plan."""
     from .ray_engine import RayEngine
 
+    runs: list[MeasuredRun] = []
+    engine = None
+    try:
+        for plan in plans:
+            if engine is not None and (transport == "objectstore" or len(plan.actors) != len(engine.plan.actors)):
+                engine.close()
+                engine = None
+            if engine is None:
+                engine = RayEngine(plan, timeout_s=timeout_s, transport=transport)
+            else:
+                engine.replan(plan)
+            runs.append(_timed_syncs(engine, plan, iters, warmup))
+    finally:
+        if engine is not None:
+            engine.close()
+    return runs
+
+
+def _timed_syncs(engine: Any, plan: SyncPlan, iters: int, warmup: int) -> MeasuredRun:
+    """``warmup`` untimed syncs of random gradients on ``engine`` (running ``plan``), then ``iters`` timed ones."""
+    from ..engines.inputs import flatten_worker_grads, random_grads
+
     flats, _ = flatten_worker_grads(plan, random_grads(plan))
-    with RayEngine(plan, timeout_s=timeout_s, transport=transport) as engine:
-        for _ in range(warmup):
-            engine.run_flat(flats)
-        names = list(engine.actors)
-        what = "reading the actors' CPU time"
-        before = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], what)
-        steps = []
-        for _ in range(iters):
-            engine.clear_timeline()
-            engine.run_flat(flats)
-            steps.append(engine.timeline())
-        after = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], what)
+    for _ in range(warmup):
+        engine.run_flat(flats)
+    names = list(engine.actors)
+    what = "reading the actors' CPU time"
+    before = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], what)
+    steps = []
+    for _ in range(iters):
+        engine.clear_timeline()
+        engine.run_flat(flats)
+        steps.append(engine.timeline())
+    after = engine.group.get([engine.actors[n].cpu_seconds.remote() for n in names], what)
     per_sync = {n: (b - a) / max(1, iters) for n, a, b in zip(names, before, after)}
     return MeasuredRun(steps, per_sync)
 
@@ -449,8 +478,8 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
     plans = calibration_plans() if plans is None else list(plans)
     started = connect_ray(address)
     try:
-        measured = [(plan, measure_run(plan, iters, transport=transport))
-                    for plan in tqdm(plans, desc="calibrating", disable=not progress)]
+        measured = list(zip(plans, measure_runs(tqdm(plans, desc="calibrating", disable=not progress), iters,
+                                                transport=transport)))
         dispatch = measure_dispatch() if transport == "objectstore" else 0.0
     finally:
         if started:
@@ -465,4 +494,4 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
 
 __all__ = ["CALIBRATION_CONFIGS", "MeasuredRun", "TaskSpan", "calibrate_ray", "calibration_plans",
            "calibration_tensors", "fit_direct_runtime", "fit_runtime", "fit_thread_cpu", "measure_dispatch",
-           "measure_run", "measure_timelines", "sync_span", "task_spans"]
+           "measure_run", "measure_runs", "measure_timelines", "sync_span", "task_spans"]
