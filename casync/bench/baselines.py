@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 from ..datasets.gradients import exact_mean, model_shapes, worker_flat
 from ..engines.memory import WARMUP_SYNCS
 from ..engines.memory import keep_freed_memory
-from ..sim.costmodel import ClusterModel
+from ..sim.costmodel import ClusterModel, Profile
 from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
 from .ranks import RankError, RankLauncher, leave_without_teardown, run_ranks
 
@@ -190,6 +190,14 @@ def ddp_hook(variant: str, seed: int = 0, compute_threads: int = 1, cluster: Any
                      "or ddp-casync:<strategy>:<codec>")
 
 
+def auto_profile(variant: str, profile: Any) -> dict[str, Any]:
+    """``{"profile": profile}`` for an ``auto`` hook row (its planner prices with it, as its prediction does), else
+    nothing: a fixed row's plan does not depend on a profile."""
+    if profile is None or not is_hook(variant) or hook_arguments(variant)["strategy"] != "auto":
+        return {}
+    return {"profile": profile}
+
+
 def _last_start(gathered: list[dict[str, Any]]) -> float:
     """The earliest rank's first hook call of the last timed iteration: where that iteration's sync span starts."""
     return min(g["starts"][-1] for g in gathered)
@@ -230,6 +238,7 @@ def _rank_main(args: argparse.Namespace) -> None:
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = args.rank, args.world
     cluster = ClusterModel(**json.loads(args.cluster)) if args.cluster else None
+    profile = Profile.load(args.profile) if args.profile else None
     shapes = model_shapes(args.model)
     flat_np = worker_flat(args.model, rank, args.seed)
     flat = torch.from_numpy(flat_np)
@@ -275,7 +284,7 @@ def _rank_main(args: argparse.Namespace) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_BYTES / 2**20,
                                                             gradient_as_bucket_view=True)
             marks: list[tuple[str, float]] = []
-            state, hook = ddp_hook(variant, args.seed, args.compute_threads, cluster)
+            state, hook = ddp_hook(variant, args.seed, args.compute_threads, cluster, **auto_profile(variant, profile))
             payload = 2 * numel if variant == "ddp-fp16" else 0 if variant == NO_COMMUNICATION else payload
             powersgd = variant.startswith("ddp-powersgd")
             ddp.register_comm_hook(state, _timed_hook(hook, marks))
@@ -343,10 +352,12 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Sequence[str], iters: int = 3,
                   warmup: int = WARMUP_SYNCS, seed: int = 0, check: bool = True,
-                  timeout_s: float = 900.0, compute_threads: int = 1, cluster: Any = None) -> dict[str, Any]:
+                  timeout_s: float = 900.0, compute_threads: int = 1, cluster: Any = None,
+                  profile: Any = None) -> dict[str, Any]:
     """Run ``variants`` on ``workers`` gloo ranks; per variant: sync times (s), payload and wire bytes, checks.
     ``compute_threads``: ops each rank of a DDP + casync hook variant runs at once (``CasyncState``'s);
-    ``cluster``: the ``ClusterModel`` an ``auto`` hook variant plans for (required for one).
+    ``cluster``: the ``ClusterModel`` an ``auto`` hook variant plans for (required for one); ``profile``: the
+    ``Profile`` it plans with (default: the packaged one).
 
     Raises :class:`BaselineError` (with the failing rank's output) when a rank fails or the run exceeds
     ``timeout_s``; every rank process is ended either way.
@@ -365,6 +376,8 @@ def run_baselines(launcher: RankLauncher, model: str, workers: int, variants: Se
                 "--variants", ",".join(variants), "--result", str(result), "--timeout", str(int(timeout_s)),
                 "--compute-threads", str(compute_threads)] + (["--check"] if check else []) \
             + (["--cluster", json.dumps(cluster.to_dict())] if cluster is not None else [])
+        if profile is not None:
+            args += ["--profile", str(profile.save(Path(tmp) / "profile.json"))]
         run_ranks(launcher, workers, "from casync.bench.baselines import main; main()", args, timeout_s=timeout_s,
                   what=f"baselines {list(variants)} on {model}, {workers} ranks", error=BaselineError)
         if not result.exists():
@@ -393,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compute-threads", type=int, default=1, help="ops a casync hook's rank runs at once")
     p.add_argument("--check", action="store_true", help="rank 0 compares its result with the exact mean")
     p.add_argument("--cluster", default=None, help="the ClusterModel (JSON) an auto hook variant plans for")
+    p.add_argument("--profile", default=None, help="the profile (JSON file) an auto hook variant plans with")
     _rank_main(p.parse_args(argv))
     leave_without_teardown()
 

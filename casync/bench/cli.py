@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from ..engines.memory import WARMUP_SYNCS
 from .baselines import BASELINES
@@ -67,7 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=None, metavar="JSON",
                    help="profile for the predictions of measured rows and for auto's planning (e.g. one from "
-                        "`casync profile --calibrate-ray` on this machine); default: the packaged one")
+                        "`casync profile --calibrate-ray`); wins over calibration; default: the packaged one with "
+                        "this machine's calibrated runtime")
+    cal = p.add_mutually_exclusive_group()
+    cal.add_argument("--no-calibrate", action="store_true",
+                     help="predict and plan with the packaged profile as it is, without calibrating this machine "
+                          "(by default a short calibration, about 20 s, cached per machine and casync version)")
+    cal.add_argument("--recalibrate", action="store_true",
+                     help="calibrate this machine now even if a calibration is cached (and cache the new one)")
     p.add_argument("--address", default=None, help="Ray cluster to join (default: an embedded local Ray)")
     p.add_argument("--netem", default=None, metavar="LINKS_ENV",
                    help="run on the emulated cluster of benchmarks/netem (its links.env); see benchmarks/netem")
@@ -124,12 +132,17 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
     command = " ".join([prog] + [shlex.quote(a) for a in argv])
     if os.environ.get("CASYNC_BENCH_LAUNCH"):  # started by a wrapper (benchmarks/netem/netem.sh run): say how
         command = f"{os.environ['CASYNC_BENCH_LAUNCH']}\n# which ran, inside the emulated cluster:\n{command}"
+    calibration = None
+    if profile is None and not args.no_calibrate and (grid.cells() or grid.hook_variants()):
+        calibration = calibrate_for(setup, refresh=args.recalibrate, progress=not args.no_progress,
+                                    log=lambda msg: print(f"{prog}: {msg}", file=sys.stderr, flush=True))
+        profile = calibration.profile
     print(f"{prog}: {len(grid.cells())} casync configurations + baselines {', '.join(grid.baselines) or 'none'} "
           f"+ {len(grid.hook_variants())} through the DDP hook "
           f"({setup.describe()}); {0 if args.no_sim else len(grid.sim_cells())} simulated", file=sys.stderr)
     result = run_bench(grid, setup, iters=args.iters, warmup=args.warmup, seed=args.seed, simulate=not args.no_sim,
                        progress=not args.no_progress, command=command, head_to_head=args.head_to_head,
-                       profile=profile, profile_source=args.profile)
+                       profile=profile, profile_source=args.profile, calibration=calibration)
     print(text_summary(result))
     if args.out:
         written = write_report(result, args.out)
@@ -141,6 +154,16 @@ def run(args: argparse.Namespace, prog: str = "casync bench") -> int:
               file=sys.stderr)
     print(f"{prog}: done in {result.seconds:.0f} s", file=sys.stderr)
     return 1 if bad else 0
+
+
+def calibrate_for(setup: Any, refresh: bool = False, progress: bool = False,
+                  log: Callable[[str], None] | None = None) -> Any:
+    """This setup's calibrated profile (``casync.runtime.machine_profile``): on this machine's embedded Ray, or on
+    the cluster the setup joins; on the emulated cluster with one worker per node, so hops between nodes are fitted."""
+    from ..runtime.machine_profile import QUICK_RECIPE, machine_calibration
+
+    cluster = setup.cluster_model(QUICK_RECIPE["workers"]) if setup.kind == "netem" else None
+    return machine_calibration(setup.ray_address, cluster, refresh=refresh, progress=progress, log=log)
 
 
 def main(argv: list[str] | None = None, prog: str = "compare_strategies.py") -> int:

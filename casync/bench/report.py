@@ -10,6 +10,7 @@ from typing import Any
 from ..drawing import draw_gantt
 from ..table import format_table, markdown_table
 from .baselines import BASELINES, DDP_SETTLE_ITERS, NO_COMMUNICATION, REFERENCE
+from .fidelity import fidelity_by_group, fidelity_lines
 from .grid import codec_label, split_transport, strategy_labels
 from .hooks import parse_hook_variant
 from .predict import predict
@@ -245,6 +246,8 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
           (", ".join(r.label for r in result.rows if r.system == "hook" and r.model == result.rows[0].model
                      and r.workers == result.rows[0].workers) or "none") + ".", ""]
     L += [MEASURED_DEFINITION + f" Predictions use {result.predicted_with}.", ""]
+    first, *groups = fidelity_lines(fidelity_by_group(result.rows))
+    L += [f"**Model.** Predictions use {result.predicted_with}. {first}", *groups, ""]
     headers, body = summary_table(result)
     if body:
         L += ["## Best casync configuration against the baselines", "", markdown_table(headers, body), ""]
@@ -304,7 +307,7 @@ def render_markdown(result: BenchResult, plots: list[str]) -> str:
 
 def text_summary(result: BenchResult) -> str:
     """What the CLI prints: the per-group tables as fixed-width text."""
-    out = []
+    out = [f"predictions: {result.predicted_with}", *fidelity_lines(fidelity_by_group(result.rows)), ""]
     headers, body = summary_table(result)
     if body:
         out += ["best casync configuration against the baselines:", format_table(headers, body), ""]

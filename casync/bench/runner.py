@@ -24,6 +24,7 @@ from ..plan.syncplan import SyncPlan
 from ..sim.costmodel import Profile
 from ..sim.simulator import simulate
 from .baselines import BASELINES, REFERENCE, run_baselines
+from .fidelity import fidelity_by_group
 from .grid import Grid, codec_label, split_transport
 from .hooks import is_hook, parse_hook_variant
 from .measure import EngineRun, GradientStore, measure_plan
@@ -123,7 +124,9 @@ class BenchResult:
     measured_timelines: dict[tuple, list] = field(default_factory=dict, repr=False)  # same key -> op records
     #: (model, N, hook row, codec) -> the simulator's timeline of the row's plan, buckets ready as DDP handed them over
     hook_predictions: dict[tuple, Any] = field(default_factory=dict, repr=False)
-    predicted_with: str = "the packaged profile (ideal runtime)"  # what the measured rows' predictions used
+    predicted_with: str = "the packaged profile (ideal runtime, not calibrated on this machine)"  # measured rows'
+    #: where the measured rows' profile came from: {"source": "packaged" | "file" | "measured" | "cache", ...}
+    calibration: dict[str, Any] = field(default_factory=lambda: {"source": "packaged"})
     sim_predicted_with: str = "the packaged profile"  # what the simulated grid's predictions used
     profile: Profile | None = field(default=None, repr=False)  # that profile (None: the packaged one)
 
@@ -153,6 +156,7 @@ class BenchResult:
                 "rows": [dict(asdict(r), label=r.label) for r in self.rows],
                 "simulated": [asdict(r) for r in self.sim_rows], "head_to_head": self.head_to_head,
                 "predicted_with": self.predicted_with, "sim_predicted_with": self.sim_predicted_with,
+                "calibration": self.calibration, "model_fidelity": fidelity_by_group(self.rows),
                 "timelines": self.timelines}
 
 
@@ -201,7 +205,7 @@ def _short(exc: BaseException) -> str:
 def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_SYNCS, seed: int = 0,
               simulate: bool = True, progress: bool = True, command: str = "", profile: Profile | None = None,
               log: Callable[[str], None] | None = None, head_to_head: int = 0,
-              profile_source: str | None = None) -> BenchResult:
+              profile_source: str | None = None, calibration: Any = None) -> BenchResult:
     """Measure ``grid`` (casync cells and baselines) in ``setup`` and simulate its large-cluster grid.
 
     ``head_to_head`` rounds: afterwards, per (model, workers), the fastest casync configuration and the
@@ -210,7 +214,8 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
 
     ``profile`` (``profile_source``: its file, for the report) predicts the measured rows and plans their
     ``auto`` cells; a runtime calibrated on this machine belongs to this machine, so the simulated
-    large-cluster grid uses only its micro-benchmark costs (the ideal runtime).
+    large-cluster grid uses only its micro-benchmark costs (the ideal runtime).  ``calibration``
+    (``casync.runtime.machine_profile.Calibration``): where a ``profile`` calibrated on this machine came from.
     """
     from tqdm.auto import tqdm
 
@@ -228,7 +233,11 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
     result = BenchResult(setup=setup, grid=grid, rows=rows, sim_rows=[], machine=machine, command=command,
                          seconds=0.0, iters=iters, warmup=warmup)
     result.profile = profile
-    if profile is not None:
+    if calibration is not None:
+        result.predicted_with = f"the packaged profile, {calibration.describe()}"
+        result.calibration = calibration.to_json()
+    elif profile is not None:
+        result.calibration = {"source": "file", "path": profile_source}
         result.predicted_with = (f"the profile {profile_source or '(given)'}"
                                  + (", its Ray runtime calibrated on this machine" if profile.runtime else ""))
         result.sim_predicted_with = (f"the micro-benchmark costs of the profile {profile_source or '(given)'} "
@@ -296,7 +305,7 @@ def _baseline_rows(setup: Setup, model: str, workers: int, names: tuple[str, ...
     try:
         cluster = setup.cluster_model(workers, compute_lanes=compute_threads)
         raw = run_baselines(setup.launcher(), model, workers, names, iters=iters, warmup=warmup, seed=seed,
-                            compute_threads=compute_threads, cluster=cluster)
+                            compute_threads=compute_threads, cluster=cluster, profile=profile)
     except Exception as exc:  # recorded; the comparison goes on without them
         say(f"baselines on {model} N={workers} failed: {exc}")
         return [Row(model=model, workers=workers, system="hook" if is_hook(name) else "baseline", strategy=name,
@@ -429,7 +438,8 @@ def _head_to_head(result: BenchResult, setup: Setup, model: str, workers: int, r
             try:
                 raw = run_baselines(setup.launcher(), model, workers, torch_rows, iters=iters, warmup=warmup,
                                     seed=seed, compute_threads=result.grid.compute_threads,
-                                    cluster=setup.cluster_model(workers, compute_lanes=result.grid.compute_threads))
+                                    cluster=setup.cluster_model(workers, compute_lanes=result.grid.compute_threads),
+                                    profile=result.profile)
                 run = measure_plan(plan, store, None, address=setup.ray_address, iters=iters, warmup=warmup,
                                    transport=split_transport(best.strategy)[1],
                                    compute_threads=result.grid.compute_threads,

@@ -59,6 +59,22 @@ def test_measured_rows_are_predicted_with_the_given_profile_and_the_large_grid_w
     assert sim["predicted_s"] == pytest.approx(ideal)
 
 
+def test_the_report_says_how_good_the_model_was_over_casync_and_hook_rows(bench_run):
+    """The header's fidelity figures are those of the JSON's rows (casync and hook rows with a prediction)."""
+    from casync.bench.fidelity import spearman
+
+    _, out, data = bench_run
+    assert data["calibration"] == {"source": "file", "path": str(out / "calibrated.json")}
+    used = [r for r in data["rows"] if r["system"] in ("casync", "hook") and r["error"] is None and r["predicted_s"]]
+    fidelity = data["model_fidelity"]["all"]
+    errors = sorted(abs(r["predicted_s"] / r["sync_s"] - 1) for r in used)
+    assert fidelity["rows"] == len(used) == 6 and fidelity["worst_error"] == pytest.approx(errors[-1])
+    assert fidelity["median_error"] == pytest.approx((errors[2] + errors[3]) / 2)
+    assert fidelity["spearman"] == pytest.approx(spearman([r["predicted_s"] for r in used], [r["sync_s"] for r in used]))
+    assert f"Spearman rank correlation of predicted and measured times {fidelity['spearman']:.2f}" in \
+        (out / "bench.md").read_text()
+
+
 def test_bench_exits_zero_and_writes_every_artifact(bench_run):
     code, out, _ = bench_run
     assert code == 0
@@ -236,7 +252,8 @@ def test_compute_threads_reach_every_engine_and_the_predictions(ray_local, tmp_p
     monkeypatch.setattr(ray_engine, "RayEngine", Recording)
     code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", "ring", "--codecs", "onebit",
                  "--baselines", "gloo-bucket", "--hooks", "ring/onebit", "--no-sim", "--iters", "1", "--warmup",
-                 "0", "--head-to-head", "1", "--compute-threads", "2", "--out", str(tmp_path), "--no-progress"])
+                 "0", "--head-to-head", "1", "--compute-threads", "2", "--out", str(tmp_path), "--no-progress",
+                 "--no-calibrate"])
     assert code == 0
     assert seen == [2, 2]  # the grid's row, then the head to head's
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -260,7 +277,7 @@ def test_an_auto_hook_row_plans_per_ddp_bucket_for_the_setups_cluster(tmp_path):
     (none or onebit, a strategy, partitions), and the row shows and records what it chose."""
     code = main(["bench", "--models", "tiny", "--workers", "2", "--strategies", "", "--baselines", "ddp",
                  "--hooks", "auto/onebit", "--no-sim", "--iters", "1", "--warmup", "0", "--out", str(tmp_path),
-                 "--no-progress"])
+                 "--no-progress", "--no-calibrate"])
     assert code == 0
     (auto,) = [r for r in json.loads((tmp_path / "bench.json").read_text())["rows"] if r["system"] == "hook"]
     assert auto["error"] is None and auto["consistent"] is True and auto["strategy"] == "ddp-casync:auto:onebit"
