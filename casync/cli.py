@@ -69,6 +69,8 @@ def cmd_tta(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from .sim.costmodel import Profile
+    from .sim.profile_table import codec_rows, machine_rows
     from .sim.profiler import DEFAULT_SIZES, QUICK_SIZES, profile
 
     if (args.netem or args.calibration_workers is not None) and not args.calibrate_ray:
@@ -82,6 +84,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not os.access(out.parent, os.W_OK | os.X_OK):
         raise PermissionError(f"--out {args.out}: cannot write into {out.parent}")
     sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    packaged = Profile.default()
     transfer = None
     # the transfer micro-benchmark is between two actors of one node: not what an emulated cluster would give
     if not (args.no_transfer or args.netem):
@@ -89,11 +92,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
         transfer = profile_transfer(repeat=1 if args.quick else 3, transport=args.transport)
     result = profile(sizes=sizes, repeat=1 if args.quick else 3, transfer=transfer, progress=not args.no_progress)
-    rows = [[key, f"{c['encode'].a * 1e6:.1f}", f"{4e-9 / c['encode'].b if c['encode'].b else float('inf'):.2f}",
-             f"{4e-9 / c['decode'].b if c['decode'].b else float('inf'):.2f}"] for key, c in result.codecs.items()]
-    print(format_table(["codec", "encode a (us)", "encode GB/s", "decode GB/s"], rows))
-    print(f"merge: {result.merge.b * 1e9:.3f} ns/element; actor transfer: alpha {result.transfer_alpha_s * 1e3:.2f} ms, "
-          f"beta {result.transfer_beta_bps / 1e9:.2f} GB/s; task overhead {result.task_overhead_s * 1e3:.3f} ms")
+    print(format_table(*codec_rows(result, packaged)))
     if args.calibrate_ray:
         from .runtime.calibrate import calibrate_ray, calibration_plans
 
@@ -114,6 +113,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
                    f"+ {rt.message_cpu.b * 1e9:.3f} ns/byte per message" if rt.message_cpu is not None else "")
         print(f"Ray runtime: ops x{rt.compute_scale:.2f} in loaded actors, {rt.task_gap_s * 1e3:.2f} ms per fused task, "
               f"hop {rt.hop.a * 1e3:.2f} ms + {rt.hop.b * 1e9:.3f} ns/byte{remote}{threads}")
+    print(format_table(*machine_rows(result, packaged)))
+    print(f"packaged: casync/data/default_profile.json, {packaged.machine.get('cpu', '?')}, measured "
+          f"{packaged.machine.get('measured', '?')}; its runtime is the ideal one (none calibrated)"
+          + ("" if transfer is not None else "; transfer and task overhead not measured here (--no-transfer, "
+                                              "--netem): the packaged values"))
     result.save(args.out)
     print(f"wrote {args.out}")
     return 0
