@@ -47,23 +47,27 @@ class CalibrationCacheWarning(UserWarning):
 @dataclass(frozen=True)
 class Calibration:
     """A calibrated profile and where it came from: ``source`` ``"measured"`` (now) or ``"cache"``; ``seconds``
-    the calibration took when it was measured, ``made_at`` when (UTC, ISO 8601), ``path`` its cache file."""
+    the calibration took when it was measured, ``made_at`` when (UTC, ISO 8601), ``path`` its cache file, ``load``
+    the machine's 1-minute load average as it began (None where unknown): on a shared machine a calibration holds
+    for the load it was measured under."""
 
     profile: Profile
     source: str
     seconds: float
     made_at: str
     path: Path | None
+    load: float | None = None
 
     def describe(self) -> str:
         """What a report says about it."""
+        load = "" if self.load is None else f" at load average {self.load:.1f}"
         if self.source == "cache":
-            return (f"its Ray runtime calibrated on this machine, from the cache made at {self.made_at} "
+            return (f"its Ray runtime calibrated on this machine, from the cache made at {self.made_at}{load} "
                     f"({self.path}; that calibration took {self.seconds:.0f} s)")
-        return f"its Ray runtime calibrated on this machine now, in {self.seconds:.0f} s"
+        return f"its Ray runtime calibrated on this machine now{load}, in {self.seconds:.0f} s"
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "seconds": self.seconds, "made_at": self.made_at,
+        return {"source": self.source, "seconds": self.seconds, "made_at": self.made_at, "load": self.load,
                 "path": None if self.path is None else str(self.path), "runtime": self.profile.runtime.to_dict()}
 
 
@@ -100,6 +104,13 @@ def _machine_id() -> str | None:
         except OSError:
             continue
     return None
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def machine_key() -> dict[str, Any]:
@@ -182,7 +193,9 @@ def read_cache(path: Path, key: dict[str, Any]) -> tuple[Calibration | None, str
         why = f"the cached calibration at {path} is unreadable ({type(exc).__name__}: {exc})"
         warnings.warn(f"{why}; measuring again", CalibrationCacheWarning, stacklevel=3)
         return None, why
-    return Calibration(profile, "cache", float(seconds), made_at, path), "cached"
+    load = data.get("load")
+    load = float(load) if isinstance(load, (int, float)) and not isinstance(load, bool) else None
+    return Calibration(profile, "cache", float(seconds), made_at, path, load), "cached"
 
 
 def write_cache(path: Path, key: dict[str, Any], calibration: Calibration) -> None:
@@ -190,7 +203,8 @@ def write_cache(path: Path, key: dict[str, Any], calibration: Calibration) -> No
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"format": CACHE_FORMAT, "key": key, "made_at": calibration.made_at,
-                               "seconds": calibration.seconds, "profile": calibration.profile.to_dict()}, indent=1))
+                               "seconds": calibration.seconds, "load": calibration.load,
+                               "profile": calibration.profile.to_dict()}, indent=1))
     os.replace(tmp, path)
 
 
@@ -207,10 +221,10 @@ def machine_calibration(address: str | None = None, cluster: ClusterModel | None
             say(f"calibration: from the cache made at {cached.made_at} ({path})")
             return cached
         say(f"calibration: {why}; measuring this machine (about 20 s)")
-    started = time.perf_counter()
+    started, load = time.perf_counter(), _load()
     profile = measure_machine(address, cluster, progress=progress)
     made = Calibration(profile, "measured", time.perf_counter() - started,
-                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), path)
+                       time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), path, load)
     try:
         write_cache(path, key, made)
     except OSError as exc:  # an unwritable cache costs the next run a calibration, nothing more

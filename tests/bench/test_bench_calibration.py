@@ -102,10 +102,10 @@ def test_the_report_says_which_profile_predicted_the_rows(tmp_path):
     assert record["source"] == "measured" and record["seconds"] == 12.3 and record["runtime"]["compute_scale"] == 2.0
     assert "calibrated on this machine now, in 12 s" in _report(measured)
     assert "calibrated on this machine now, in 12 s" in text_summary(measured)
-    cached = mp.Calibration(CALIBRATED, "cache", 12.3, "2026-12-01T10:00:00Z", tmp_path / "c.json")
+    cached = mp.Calibration(CALIBRATED, "cache", 12.3, "2026-12-01T10:00:00Z", tmp_path / "c.json", load=1.5)
     result = run_bench(grid, local_setup(), simulate=False, progress=False, profile=CALIBRATED, calibration=cached)
     text = _report(result)
-    assert "from the cache made at 2026-12-01T10:00:00Z" in text and str(tmp_path / "c.json") in text
+    assert "from the cache made at 2026-12-01T10:00:00Z at load average 1.5" in text and str(tmp_path / "c.json") in text
     assert result.to_json()["calibration"]["made_at"] == "2026-12-01T10:00:00Z"
     given = run_bench(grid, local_setup(), simulate=False, progress=False, profile=CALIBRATED, profile_source="p.json")
     assert given.to_json()["calibration"] == {"source": "file", "path": "p.json"}

@@ -42,6 +42,8 @@ def test_a_miss_measures_and_caches_then_a_hit_reads_the_cache(calls):
     assert len(calls) == 1 and second.source == "cache" and second.profile == CALIBRATED
     assert (second.made_at, second.seconds) == (first.made_at, pytest.approx(first.seconds))
     assert "from the cache made at" in second.describe() and "calibrated on this machine now" in first.describe()
+    assert second.load == first.load and (first.load is None or f"at load average {first.load:.1f}" in
+                                          second.describe())
     machine_calibration(refresh=True)  # --recalibrate
     assert len(calls) == 2
 
