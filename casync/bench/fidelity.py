@@ -16,39 +16,23 @@ import numpy as np
 MIN_ROWS = 3
 
 
-def average_ranks(values: Sequence[float]) -> np.ndarray:
-    """1-based ranks of ``values``, tied values sharing the mean of the ranks they span (``[10, 20, 20]`` ->
-    ``[1, 2.5, 2.5]``), as Spearman's coefficient needs."""
-    x = np.asarray(values, dtype=float)
-    if x.ndim != 1 or not np.all(np.isfinite(x)):
-        raise ValueError(f"ranks need a flat sequence of finite numbers, got {values!r}")
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x), dtype=float)
-    sorted_x = x[order]
-    start = 0
-    while start < len(x):
-        end = start
-        while end + 1 < len(x) and sorted_x[end + 1] == sorted_x[start]:
-            end += 1
-        ranks[order[start:end + 1]] = (start + end) / 2 + 1  # ranks start+1 .. end+1, averaged
-        start = end + 1
-    return ranks
-
-
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation of paired samples: Pearson's correlation of their average ranks (the same as
-    ``scipy.stats.spearmanr``, without depending on SciPy).  Refused where it is undefined: under two pairs, or
-    one side all equal."""
+    """Spearman's rank correlation of paired samples (``scipy.stats.spearmanr``: tied values share their mean
+    rank).  Refused where it is undefined, instead of SciPy's NaN and warning: under two pairs, one side all equal,
+    or a value that is not finite."""
+    from scipy import stats
+
     if len(x) != len(y):
         raise ValueError(f"spearman needs paired samples, got {len(x)} and {len(y)} values")
     if len(x) < 2:
         raise ValueError(f"spearman needs at least 2 pairs, got {len(x)}")
-    rx, ry = average_ranks(x), average_ranks(y)
-    dx, dy = rx - rx.mean(), ry - ry.mean()
-    norm = math.sqrt(float(np.dot(dx, dx)) * float(np.dot(dy, dy)))
-    if norm == 0:
-        raise ValueError("spearman is undefined when one side's values are all equal")
-    return float(np.dot(dx, dy)) / norm
+    for side in (x, y):
+        values = np.asarray(side, dtype=float)
+        if not np.all(np.isfinite(values)):
+            raise ValueError(f"spearman needs finite numbers, got {list(side)!r}")
+        if np.all(values == values[0]):
+            raise ValueError("spearman is undefined when one side's values are all equal")
+    return float(stats.spearmanr(x, y).statistic)
 
 
 def _qualifies(row: Any) -> bool:
