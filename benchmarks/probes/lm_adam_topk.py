@@ -1,4 +1,4 @@
-"""Probe: OneBitAdam on the LM with longer warm-ups and another strategy (seed 0, 400 steps, one machine)."""
+"""Probe: OneBitAdam's rule with top-k 1 % for the momentum on the LM, two-way PS and allgather (seed 0, 400 steps, one machine)."""
 import sys
 from casync.bench.setup import local_setup
 from casync.bench.tta import configs as reg
@@ -17,7 +17,7 @@ for c in configs:
     reg.CONFIGS[c.name] = c
 out = sys.argv[1]
 result = run_tta(get_task("lm"), configs, seeds=[0], steps=400, ranks=4, eval_every=100, setup=local_setup(),
-                 target=4.892, progress=False, command="python /tmp/adam_probe.py " + out)
+                 target=4.892, progress=False, command="python benchmarks/probes/lm_adam_topk.py " + out)
 write_report(result, out)
 for r in result["runs"]:
     print(r["config"], [(p["step"], p["metric"]) for p in r["points"]], r.get("error"))

@@ -17,7 +17,7 @@ for c in configs:
     reg.CONFIGS[c.name] = c
 out = sys.argv[1]
 result = run_tta(get_task("lm"), configs, seeds=[0], steps=400, ranks=4, eval_every=100, setup=local_setup(),
-                 target=4.892, progress=False, command="python /tmp/adam_probe.py " + out)
+                 target=4.892, progress=False, command="python benchmarks/probes/lm_onebit_adam_variants.py " + out)
 write_report(result, out)
 for r in result["runs"]:
     print(r["config"], [(p["step"], p["metric"]) for p in r["points"]], r.get("error"))
