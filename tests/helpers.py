@@ -63,3 +63,20 @@ def profile_without(profile: Any, op: str) -> Any:
     data = profile.to_dict()
     return type(profile).from_dict({**data, "codecs": {k: {o: v for o, v in ops.items() if o != op}
                                                        for k, ops in data["codecs"].items()}}, source="older")
+
+
+def assert_syncs_match_local(engine: Any, plan: Any, shapes: dict, steps: int, residuals: bool = False) -> None:
+    """``steps`` syncs of ``engine`` give a fresh LocalEngine's bits on every worker (and, with ``residuals``, its
+    error-feedback residuals after them)."""
+    import casync
+
+    local = casync.LocalEngine(plan)
+    for step in range(steps):
+        grads = make_grads(shapes, plan.workers, seed=step)
+        expected, got = local.sync(grads), engine.sync(grads)
+        for w in range(plan.workers):
+            for name in shapes:
+                np.testing.assert_array_equal(got[w][name], expected[w][name], err_msg=f"step {step} {name} w{w}")
+    if residuals:
+        for key, value in local.state_dict()["residuals"].items():
+            np.testing.assert_array_equal(engine.state_dict()["residuals"][key], value, err_msg=key)

@@ -5,18 +5,7 @@ import numpy as np
 
 import casync
 from casync.runtime.ray_engine import RayEngine
-from tests.helpers import make_grads
-
-
-def _assert_syncs_match_local(engine, plan, shapes, steps):
-    """``steps`` syncs of ``engine`` give LocalEngine's bits on every worker."""
-    local = casync.LocalEngine(plan)
-    for step in range(steps):
-        grads = make_grads(shapes, plan.workers, seed=step)
-        expected, got = local.sync(grads), engine.sync(grads)
-        for w in range(plan.workers):
-            for name in shapes:
-                np.testing.assert_array_equal(got[w][name], expected[w][name])
+from tests.helpers import assert_syncs_match_local, make_grads
 
 
 def test_spread_places_actors_on_distinct_nodes_and_matches_local(ray_cluster):
@@ -25,7 +14,7 @@ def test_spread_places_actors_on_distinct_nodes_and_matches_local(ray_cluster):
     with RayEngine(plan, placement="spread", timeout_s=60) as engine:
         nodes = engine.actor_nodes()
         assert len(set(nodes.values())) == 3, nodes
-        _assert_syncs_match_local(engine, plan, shapes, steps=2)
+        assert_syncs_match_local(engine, plan, shapes, steps=2)
 
 
 def test_tcp_between_nodes_matches_local_and_forms_no_process_group(ray_cluster):
@@ -35,7 +24,7 @@ def test_tcp_between_nodes_matches_local_and_forms_no_process_group(ray_cluster)
     with RayEngine(plan, placement="spread", timeout_s=60, transport="tcp") as engine:
         assert len(set(engine.actor_nodes().values())) == 3
         assert set(engine.interfaces.values()) == {""}  # no process group was formed
-        _assert_syncs_match_local(engine, plan, shapes, steps=3)
+        assert_syncs_match_local(engine, plan, shapes, steps=3)
 
 
 def test_pack_with_dedicated_servers(ray_cluster):
