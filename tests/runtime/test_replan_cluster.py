@@ -3,7 +3,6 @@ actors) is closed and formed again, and the new plan gives LocalEngine's bits.  
 gloo's process group formed again: tests/runtime/test_replan.py.)"""
 from __future__ import annotations
 
-
 import casync
 from casync.runtime.ray_engine import RayEngine
 from tests.helpers import assert_syncs_match_local
