@@ -172,7 +172,9 @@ def test_adding_a_codec_and_a_strategy_run_as_the_guide_shows(tmp_path):
 
 def test_the_readmes_commands_are_the_two_commands():
     assert "pip install -e . && casync bench --quick --out out/" in README
-    assert 'pip install -e ".[dev]" && python -m pytest -q' in README
+    assert 'pip install -e ".[dev]" && python -m pytest -q -n auto' in README
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'pip install -q -e ".[dev]" && python -m pytest -q -n auto' in ci, "CI runs exactly the README's test command"
 
 
 def test_every_number_in_the_readmes_table_links_to_its_result():

@@ -2,6 +2,8 @@
 
     python -m tests.tools.flake_hunt --runs 20 [--burners 2] [--out hunt.json] [paths ...]
 
+Both phases run in this process (``-p no:xdist``: the plugins below must see every test, which xdist's workers
+would hide).
 Phase 1 runs the given test paths once (default: tests/torch, tests/runtime, tests/transport, tests/engines)
 and records which tests started a thread, a process (multiprocessing, subprocess) or used Ray: the tests that
 can race.  Phase 2 runs each of those ``--runs`` times in one pytest session (the repeats of a test run one after
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         tests = [t.strip() for t in Path(args.tests).read_text().splitlines() if t.strip()]
     else:
         classify = Classify()
-        pytest.main(["-q", "-p", "no:cacheprovider", *args.paths], plugins=[classify])
+        pytest.main(["-q", "-p", "no:xdist", "-p", "no:cacheprovider", *args.paths], plugins=[classify])
         tests = classify.concurrent
         listed = Path(args.out).with_suffix(".tests.txt")
         listed.write_text("".join(f"{test}\n" for test in tests))  # phase 1's list: --tests repeats it
@@ -171,7 +173,7 @@ def _hunt(tests: list[str], repeat: Repeat) -> int:
     if not tests:
         return 5
     modules = sorted({test.split("::", 1)[0] for test in tests})
-    return int(pytest.main(["-q", "-p", "no:cacheprovider", *modules], plugins=[repeat]))
+    return int(pytest.main(["-q", "-p", "no:xdist", "-p", "no:cacheprovider", *modules], plugins=[repeat]))
 
 
 if __name__ == "__main__":
