@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.tools.flake_hunt import base_id
+from tests.tools.flake_hunt import base_id, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,3 +53,15 @@ def test_a_test_failing_every_other_run_is_counted(tmp_path):
     assert tests["test_sample.py::test_every_other_run_fails[8-of-20]"]["failures"] == 2
     assert tests["test_sample.py::test_steady"] == {**tests["test_sample.py::test_steady"], "runs": 4, "failures": 0}
     assert "| `test_sample.py::test_every_other_run_fails[8-of-20]` | 4 | 2 |" in (tmp_path / "hunt.md").read_text()
+    assert set(report["load"]) == {"min", "mean", "max"} and report["load"]["max"] >= report["load"]["min"] >= 0
+
+    # a hunt made in pieces adds up: twice this one is 8 runs and 4 failures of the flaky test
+    hunt = str(tmp_path / "hunt.json")
+    code = main(["--merge", hunt, hunt, "--out", str(tmp_path / "all.json"), "--markdown", str(tmp_path / "all.md")])
+    merged = json.loads((tmp_path / "all.json").read_text())
+    assert code == 1 and merged["runs"] == 8 and len(merged["parts"]) == 2
+    assert merged["tests"]["test_sample.py::test_every_other_run_fails[8-of-20]"]["runs"] == 8
+    assert merged["tests"]["test_sample.py::test_every_other_run_fails[8-of-20]"]["failures"] == 2 * 2
+    assert merged["tests"]["test_sample.py::test_steady"]["failures"] == 0
+    assert merged["not_repeated"] == ["test_sample.py::test_skipped_here"]
+    assert "| `test_sample.py::test_every_other_run_fails[8-of-20]` | 8 | 4 |" in (tmp_path / "all.md").read_text()
