@@ -81,6 +81,7 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
     # a plan has hundreds of thousands of nodes and few such combinations
     placed: set[tuple] = set()
     ef_of: dict[tuple[str, Any], bool] = {}
+    votes = {b.name: b.codec.votes for b in plan.buckets}
     for node, a in nodes.items():
         if attrs:
             check_node_attrs(node, a, workers)
@@ -137,6 +138,8 @@ def lint(plan: SyncPlan, attrs: bool = True) -> None:
                 raise _fail(f"graph node {node!r}", f"a send feeds exactly one recv, feeds {list(out)[:3]}")
         if a.get("output"):
             outputs[(actor, name, part)] += 1
+            if votes.get(name):
+                _check_vote(node, plan, buckets[name])
     twice = [k for k, c in ef_keys.items() if c > 1]
     if twice and not compact:  # a template reuses one worker's keys for its symmetric hops
         raise _fail("graph", f"error-feedback key {twice[0]!r} is used by several encodes")
@@ -186,6 +189,48 @@ def _check_outputs(outputs: Counter, sizes: dict[str, list[int]], workers: int, 
     stray = [k for k in outputs if k[0] not in owners]
     if stray:
         raise _fail("graph", f"output node on {stray[0][0]}, which is not a worker of this plan")
+
+
+def _check_vote(output: str, plan: SyncPlan, bucket: Any) -> None:
+    """An output of a bucket whose codec votes (``Codec.votes``, signSGD) holds the vote of all workers' signs: it
+    decodes the codec's encode of a merge of every worker's encoded local gradient and nothing else (the merge's
+    mean of signs, whose sign the encode takes), or, with one worker, of its own gradient."""
+    nodes, pred, workers, codec = plan.graph._node, plan.graph._pred, plan.workers, str(bucket.codec)
+
+    def source(node: str) -> str | None:  # the encode with the codec that a decode's payload comes from
+        while nodes[node]["op"] in ("decode", "recv", "send"):
+            if len(pred[node]) != 1:
+                return None
+            (node,) = pred[node]
+        return node if nodes[node]["op"] == "encode" and nodes[node]["codec"] == codec else None
+
+    def signs_of_all(merge: str) -> bool:  # the merge adds every worker's encoded signs and nothing else
+        a = nodes[merge]
+        if a["op"] != "merge" or len(pred[merge]) + a["local_input"] != workers or (a["local_input"] and workers > 1):
+            return False
+        for d in pred[merge]:
+            enc = source(d) if nodes[d]["op"] == "decode" and nodes[d]["codec"] == codec else None
+            if enc is None or not nodes[enc]["local_input"]:
+                return False
+        return True
+
+    a = nodes[output]
+    enc = source(output) if a["op"] == "decode" and a["codec"] == codec else None
+    if a["op"] == "merge":
+        exact = workers == 1 and signs_of_all(output)
+    elif enc is None:
+        exact = False
+    elif nodes[enc]["local_input"]:
+        exact = workers == 1
+    else:
+        exact = len(pred[enc]) == 1 and signs_of_all(next(iter(pred[enc])))
+    if not exact:
+        where = f"strategy {bucket.strategy!r}" + (f" (two_way={bucket.two_way}, servers={bucket.servers})"
+                                                   if bucket.strategy == "ps" else "")
+        raise PlanError(f"bucket {bucket.name!r}: codec {codec!r} aggregates by majority vote, which {where} does not "
+                        f"compute exactly: {a['actor']}'s output is not the vote of all {workers} workers' signs (a "
+                        "vote of partial votes, or of a raw gradient, is not the vote of all); use strategy='ps' "
+                        "with dedicated servers (servers=S) and two_way=True")
 
 
 def _check_acyclic(pred: dict[str, dict], succ: dict[str, dict]) -> None:

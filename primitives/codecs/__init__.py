@@ -19,12 +19,18 @@ from typing import Any, Union
 
 from .base import Codec, Payload, payload_nbytes
 from .dense import FP16Codec, NoneCodec
+from .dithering import DitheringCodec
+from .natural import NaturalCodec
 from .qsgd import QSGDCodec
 from .sign import OneBitCodec
+from .signs import SignSGDCodec, TwoScaleOneBitCodec
+from .sketch import SketchCodec
 from .sparse import RandomKCodec, TopKCodec
 from .ternary import TBQCodec, TernGradCodec
+from .u8bit import U8BitCodec
 
 __all__ = [
+    "ALIASES",
     "Codec",
     "CodecSpec",
     "Payload",
@@ -41,6 +47,10 @@ __all__ = [
 CodecSpec = Union[None, str, tuple, Codec]
 
 _REGISTRY: dict[str, type[Codec]] = {}
+
+#: Other libraries' names for a registered codec, each shown equal to that library's definition in a test
+#: (``tests/primitives/test_grace_codecs.py``): ``get_codec`` accepts them and returns the codec they stand for.
+ALIASES: dict[str, str] = {"efsignsgd": "onebit"}
 
 
 def register_codec(cls: type[Codec]) -> type[Codec]:
@@ -141,7 +151,7 @@ def get_codec(spec: CodecSpec = None) -> Codec:
             "a codec spec must be None, a str, a (name, params) tuple or a Codec, "
             f"got {type(spec).__name__}"
         )
-    cls = _REGISTRY.get(name)
+    cls = _REGISTRY.get(ALIASES.get(name, name))
     if cls is None:
         raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}")
     accepted = _parameters(cls)
@@ -168,6 +178,7 @@ def _parameters(cls: type[Codec]) -> list[str] | None:
     return names
 
 
-for _cls in (NoneCodec, FP16Codec, OneBitCodec, TernGradCodec, TBQCodec, QSGDCodec, TopKCodec, RandomKCodec):
+for _cls in (NoneCodec, FP16Codec, OneBitCodec, TernGradCodec, TBQCodec, QSGDCodec, TopKCodec, RandomKCodec,
+             SignSGDCodec, TwoScaleOneBitCodec, NaturalCodec, U8BitCodec, SketchCodec, DitheringCodec):
     register_codec(_cls)
 del _cls

@@ -86,6 +86,10 @@ class Codec(ABC):
     defers_residual: ClassVar[bool] = False
     #: :meth:`input_was_finite` tells from a payload that the tensor it encodes held no NaN or Inf
     certifies_finite: ClassVar[bool] = False
+    #: its aggregate is the majority vote of the workers' signs, not their mean (signSGD): a plan is exact only where
+    #: one merge takes every worker's encoded signs and nothing else and is encoded again with the codec (whose
+    #: sign test is the vote); ``casync.plan.lint`` refuses every other plan, naming the strategy
+    votes: ClassVar[bool] = False
     #: its payloads do not depend on the seed, so the engines pass 0 rather than derive one per encode (a
     #: ``SeedSequence``, about 6 µs)
     ignores_seed: ClassVar[bool] = False
