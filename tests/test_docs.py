@@ -177,10 +177,15 @@ def test_the_readmes_commands_are_the_two_commands():
     assert 'pip install -q -e ".[dev]" && python -m pytest -q -n auto' in ci, "CI runs exactly the README's test command"
 
 
-def test_every_number_in_the_readmes_table_links_to_its_result():
-    """The table of where casync stands: every figure (a ratio, ``2.03×``) sits in a cell that links a result under
-    benchmarks/results/, and is found in that result's reports (its README and bench.md files)."""
-    section = README.split("## Where it stands", 1)[1].split("\n## ", 1)[0]
+README_TABLES = ("## Where it stands", "## Does compression cost accuracy?")
+
+
+@pytest.mark.parametrize("heading", README_TABLES)
+def test_every_number_in_the_readmes_table_links_to_its_result(heading):
+    """The README's tables (where casync stands; what compression costs in accuracy): every figure (a ratio,
+    ``2.03×``) sits in a cell that links a result under benchmarks/results/, and is found in that result's reports
+    (its README and bench.md files)."""
+    section = _section(heading)
     rows = [line for line in section.splitlines() if line.startswith("|") and not set(line) <= set("|-: ")][1:]
     assert rows
     figures_seen = 0
@@ -198,8 +203,17 @@ def test_every_number_in_the_readmes_table_links_to_its_result():
                 assert figure in evidence, f"{figure} of {cell!r} is not in {folder.relative_to(ROOT)}"
             figures_seen += len(figures)
     assert figures_seen
-    # and the table is where the README's figures are: no ratio or time outside it (links excluded)
-    outside = prose(README).replace(section, "")
+
+
+def _section(heading: str) -> str:
+    return README.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_figures_are_in_its_tables():
+    """No ratio or time outside the README's tables (links excluded): a figure there would have no result beside it."""
+    outside = prose(README)
+    for heading in README_TABLES:
+        outside = outside.replace(_section(heading), "")
     assert re.findall(r"\d(?:\.\d+)?\s?(?:×|ms\b)", LINK.sub("", outside)) == []
 
 
