@@ -48,8 +48,9 @@ HEADERS = ["strategy", "codec", "N", "measured ms", "spread ms", "predicted ms",
 def _describe(runtime) -> str:
     scales = ", ".join(f"{k} x{v:.1f}" for k, v in sorted(runtime.op_scale.items()))
     if runtime.plane != "objectstore":
-        message = (f"; CPU per sync {runtime.sync_cpu_s * 1e3:.1f} ms, per message {runtime.message_cpu.a * 1e3:.2f} ms"
-                   f" + {runtime.message_cpu.b * 1e9:.2f} ns/B" if runtime.message_cpu is not None else "")
+        copies = ", ".join(f"{kind} {b * 1e9:.2f} ns/B" for kind, b in runtime.copy_cpu.items())
+        message = (f"; CPU per sync {runtime.sync_cpu_s * 1e3:.1f} ms, per message {runtime.message_cpu_s * 1e3:.2f} ms"
+                   f" + copies {copies or 'not fitted'}" if runtime.plane == "direct" else "")
         return f"{scales}; per op {runtime.op_gap_s * 1e3:.2f} ms; hop {runtime.hop.a * 1e3:.2f} ms{message}"
     return (f"{scales}; gap {runtime.task_gap_s * 1e3:.1f} ms; hop {runtime.hop.a * 1e3:.1f} ms; "
             f"dispatch {runtime.dispatch_s * 1e3:.2f} ms")

@@ -109,8 +109,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         rt = result.runtime
         remote = (f"; between nodes, beyond the link: {rt.remote_hop.a * 1e3:.2f} ms + {rt.remote_hop.b * 1e9:.3f} ns/byte"
                   if rt.remote_hop is not None else "")
-        threads = (f"; other threads' CPU {rt.sync_cpu_s * 1e3:.2f} ms per sync + {rt.message_cpu.a * 1e3:.3f} ms "
-                   f"+ {rt.message_cpu.b * 1e9:.3f} ns/byte per message" if rt.message_cpu is not None else "")
+        copies = ", ".join(f"{kind} {b * 1e9:.3f} ns/byte" for kind, b in rt.copy_cpu.items())
+        threads = (f"; other threads' CPU {rt.sync_cpu_s * 1e3:.2f} ms per sync + {rt.message_cpu_s * 1e3:.3f} ms "
+                   f"per message + copies {copies or 'not fitted'}" if rt.plane == "direct" else "")
         print(f"Ray runtime: ops x{rt.compute_scale:.2f} in loaded actors, {rt.task_gap_s * 1e3:.2f} ms per fused task, "
               f"hop {rt.hop.a * 1e3:.2f} ms + {rt.hop.b * 1e9:.3f} ns/byte{remote}{threads}")
     print(format_table(*machine_rows(result, packaged)))

@@ -71,10 +71,14 @@ class Usage:
         np.add.at(self.work[kind], idx, busy)
 
     def sent(self, est: "Estimator", workers: Any, count: Any, nbytes: int) -> None:
-        """``workers`` each send ``count`` messages of ``nbytes``: their threads' CPU (a calibrated direct
-        plane's ``Profile.message_cpu_s``) takes the cores of the worker's node.  The simulator splits a message
-        between nodes across both ends; in these symmetric exchanges each node's total comes out the same."""
-        cost = est.profile.message_cpu_s(nbytes)
+        """``workers`` each send ``count`` messages of ``nbytes`` to their exchange's peers: their threads' CPU (a
+        calibrated direct plane's ``Profile.message_cpu_s``) takes the cores of the worker's node.  The simulator
+        splits a message between nodes across both ends; in these symmetric exchanges each node's total comes out
+        the same.  Peers are taken as the other workers: a message goes between nodes with the share of them that
+        are on other nodes (:meth:`Estimator.remote_share`)."""
+        remote = est.remote_share
+        cost = ((1 - remote) * est.profile.message_cpu_s(nbytes, True) if remote < 1 else 0.0) + (
+            remote * est.profile.message_cpu_s(nbytes, False) if remote > 0 else 0.0)
         if cost:
             workers = np.asarray(workers)
             np.add.at(self.threads, workers.ravel(), np.broadcast_to(np.asarray(count, float) * cost,
@@ -100,6 +104,9 @@ class Estimator:
         self.pool = np.zeros_like(self.node) if cluster.host_cores else self.node
         self.pools = int(self.pool.max()) + 1 if workers else 1
         self.lanes = cluster.compute_lanes
+        #: the share of a worker's peers on other nodes (0 on one node, 1 with one worker per node)
+        self.remote_share = (float(np.mean(self.node[:, None] != self.node[None, :])) * workers / (workers - 1)
+                             if workers > 1 else 0.0)
         self.R = 3 * workers + (self.pools if self.cores else 0)
         self._memo: dict[tuple, Cost] = {}
 
@@ -232,6 +239,18 @@ class Estimator:
         tail = np.where(used, np.maximum(tail, 0.0), tail)
         return Cost(L=float(L), head=head, work=work, tail=tail, wire=int(wire), ops=ops,
                     coupling=coupling if self.N > 1 else 0.0)
+
+    def backward(self, seconds: float) -> np.ndarray:
+        """Per resource: what the workers' backward passes take of their pools of cores over ``seconds`` of a
+        backward (:meth:`Profile.backward_share` per worker, in the pool's own units: seconds of all its cores
+        busy); zero where no cores are modelled or the profile charges no backward."""
+        out = np.zeros(self.R)
+        if self.cores and seconds > 0 and self.profile.backward_cores > 0:
+            members = np.bincount(self.pool, minlength=self.pools)
+            for p in range(self.pools):
+                out[3 * self.N + p] = members[p] * self.profile.backward_share(self.cores, int(members[p])) \
+                    * seconds / self.cores
+        return out
 
     def _wpp(self) -> int:
         """Most workers competing in one pool of cores."""

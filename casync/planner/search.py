@@ -89,7 +89,7 @@ class Planner:
             b.costs = [self.est.cost(numel, o) for o in b.options]
             b.stack = Stack.of(b.costs)
             self.buckets.append(b)
-        self.timeline = Timeline([b.ready for b in self.buckets], workers, self.est.R)
+        self.timeline = Timeline([b.ready for b in self.buckets], workers, self.est.R, self.est.backward)
         #: all gradients ready together: selective compression is then a size threshold (casync.planner.selective)
         self.monotone = len({b.ready for b in self.buckets}) <= 1
         #: workers are interchangeable on this cluster: plans whose every bucket has an exact compact template

@@ -7,7 +7,7 @@ every option of one bucket at once (NumPy, a leading option axis).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -70,12 +70,32 @@ class Timeline:
     """Espresso-style timeline model: buckets claim per-worker compute / egress / ingress in ready order, ties
     (buckets ready together) in the order of the schedule's bucket priority (``bucket_priority``)."""
 
-    def __init__(self, ready: Sequence[float], workers: int, resources: int):
+    def __init__(self, ready: Sequence[float], workers: int, resources: int,
+                 backward: Callable[[float], np.ndarray] | None = None):
+        """``backward(seconds)``: per resource, the work a backward pass puts on it over that long
+        (``Estimator.backward``), charged from each ready time to the next before the bucket ready then claims its
+        work, as the simulator charges it; None: nothing."""
         self.ready = list(ready)
         self.N = workers
         self.R = resources
         self.order = sorted(range(len(ready)), key=lambda b: (ready[b], bucket_priority(b, len(ready))))
         self.pos = {b: i for i, b in enumerate(self.order)}
+        # per position: (when the backward's slice before it starts, its work per resource), or None
+        self.background: list[tuple[float, np.ndarray] | None] = [None] * len(self.order)
+        if backward is not None:
+            for i in range(1, len(self.order)):
+                start, end = self.ready[self.order[i - 1]], self.ready[self.order[i]]
+                work = backward(end - start) if end > start else None
+                if work is not None and np.any(work > 0):
+                    self.background[i] = (start, work)
+
+    def _backward(self, free: np.ndarray, i: int) -> np.ndarray:
+        """``free`` after the backward's slice before position ``i`` took its share of the cores."""
+        slice_ = self.background[i]
+        if slice_ is None:
+            return free
+        start, work = slice_
+        return np.where(work > 0, np.maximum(free, start) + work, free)
 
     def run(self, costs: Sequence[Cost]) -> tuple[float, float, list[float], list[tuple]]:
         """(iteration time, sum of finishes, finish per bucket, state before each position)."""
@@ -83,8 +103,9 @@ class Timeline:
         end = total = 0.0
         fins = [0.0] * len(costs)
         states = []
-        for b in self.order:
+        for i, b in enumerate(self.order):
             states.append((free, mt, end, total))
+            free = self._backward(free, i)
             c = costs[b]
             free, mt, fin = step(free, mt, self.ready[b], c.head, c.work, c.tail, c.L, c.coupling, self.N)
             fins[b] = float(fin)
@@ -96,11 +117,13 @@ class Timeline:
         """Iteration time and sum of finishes for every option of bucket ``b`` (others as in ``costs``)."""
         i = self.pos[b]
         free, mt, end, total = states[i]
+        free = self._backward(free, i)
         free, mt, fin = step(free, mt, self.ready[b], stack.head, stack.work, stack.tail, stack.L,
                               stack.coupling, self.N)
         end = np.maximum(end, fin)
         total = total + fin
-        for other in self.order[i + 1:]:
+        for j, other in enumerate(self.order[i + 1:], i + 1):
+            free = self._backward(free, j)
             c = costs[other]
             free, mt, fin = step(free, mt, self.ready[other], c.head, c.work, c.tail, c.L, c.coupling, self.N)
             end = np.maximum(end, fin)

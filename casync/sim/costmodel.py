@@ -4,7 +4,9 @@ Compute ops cost ``a + b*n`` seconds for ``n`` float32 elements (fitted per code
 A payload of ``B`` bytes between two actors of one node costs ``alpha + B/beta`` of object-store copy;
 between nodes it occupies the sender's and receiver's NICs for ``B / bandwidth`` and arrives the cluster's
 one-way ``latency_us`` later.  A profile calibrated on the Ray engine (``RuntimeCosts``) adds what the
-runtime itself costs: slower ops inside loaded actors, a gap per fused task, and a per-hop latency.
+runtime itself costs: slower ops inside loaded actors, a gap per fused task or the executor's cost per op, a
+per-hop latency, the data plane's CPU per message and per byte copied, and the cores a backward pass takes
+beside the sync.  Profiles are versioned JSON (:data:`PROFILE_VERSION`); older versions still load.
 """
 from __future__ import annotations
 
@@ -15,8 +17,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1: no runtime section
+PROFILE_VERSION = 3
+#: version 1: no runtime section; 2: the data plane's thread CPU as one ``message_cpu`` [a, b]; 3: that split into
+#: the executor's per message (``message_cpu_s``) and the copies' per byte by data plane (``copy_cpu``), and the
+#: backward's cores (``backward_cores``)
+READABLE_VERSIONS = (1, 2, 3)
+#: what a message's bytes are copied through: shared memory between actors of one node, TCP sockets, gloo, NCCL
+COPY_KINDS = ("shm", "tcp", "gloo", "nccl")
+#: RayEngine's direct data planes a runtime may be fitted on (``RuntimeCosts.transport``)
+DIRECT_TRANSPORTS = ("direct", "tcp", "gloo", "nccl")
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,35 @@ def scale_key(op: str, codec_key: str = "") -> str:
     return f"{op}:{codec_key.split('(', 1)[0]}" if codec_key else op
 
 
+def copy_kind(transport: str, same_node: bool) -> str:
+    """What a message's bytes go through on RayEngine's ``transport``: ``"direct"`` and ``"tcp"`` use shared
+    memory within a node, gloo (``"direct"``) or TCP sockets (``"tcp"``) between nodes; ``"gloo"`` and ``"nccl"``
+    use their process group for both (``casync.runtime.data_plane``)."""
+    if transport not in DIRECT_TRANSPORTS:
+        raise ValueError(f"unknown direct transport {transport!r}; choose from {list(DIRECT_TRANSPORTS)}")
+    if transport in ("gloo", "nccl"):
+        return transport
+    if same_node:
+        return "shm"
+    return "tcp" if transport == "tcp" else "gloo"
+
+
+def _number(value: Any, source: str, name: str, positive: bool = False) -> float:
+    """A finite number >= 0 (> 0 with ``positive``), else a ValueError naming the field and what it got."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (
+            positive and value == 0):
+        raise ValueError(f"{source}: runtime.{name} must be a {'positive' if positive else 'non-negative'} "
+                         f"finite number, got {value!r}")
+    return float(value)
+
+
+def _pair(value: Any, source: str, name: str) -> LinearCost:
+    if (not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in value)):
+        raise ValueError(f"{source}: runtime.{name} must be [a, b] with non-negative numbers, got {value!r}")
+    return LinearCost(float(value[0]), float(value[1]))
+
+
 @dataclass(frozen=True)
 class RuntimeCosts:
     """What executing on Ray adds to the ops' own cost, fitted from measured timelines (``casync.runtime.calibrate``).
@@ -46,11 +84,17 @@ class RuntimeCosts:
     beyond the link's own time (Ray's object manager locating and pulling the object); None: as ``hop``.
     ``plane``: the data plane they were fitted on, ``"objectstore"`` (the sender copies each payload into the
     store on its lane) or ``"direct"`` (its sender thread copies it: the copy is in ``hop``, and ``op_gap_s``
-    is the per-rank executor's own cost per op).  ``message_cpu``: CPU seconds the direct plane's threads spend
-    per message outside the ops (sender copy, socket writes and reads, thread wake-ups), ``a + b * bytes``: the
-    simulator charges it on the cores of the node(s) it runs on where the cluster models cores; its latency is
-    already in ``hop``.  None: not fitted (a profile from before it was measured).  ``sync_cpu_s``: the same
-    processes' CPU per actor and sync beyond ops and messages (Ray's call, the executor's step set-up).
+    is the per-rank executor's own cost per op); ``transport``: which direct data plane (``"direct"``,
+    ``"tcp"``, ``"gloo"``; :func:`copy_kind` says what each message goes through).
+
+    CPU the direct plane's threads spend outside the ops, which the simulator charges on the cores of the
+    node(s) where the cluster models cores (its latency is already in ``hop``): ``message_cpu_s`` per message
+    (the executor's: header, lane hand-off, thread wake-ups), ``copy_cpu`` per byte by what the message's bytes
+    go through (``"shm"``, ``"tcp"``, ``"gloo"``, ``"nccl"``: copies into a shared-memory slot, socket writes and
+    reads, a process group's send and receive), ``sync_cpu_s`` per actor and sync (Ray's call, the executor's step set-up).
+    ``backward_cores``: cores one rank's backward pass keeps busy while it produces gradients alone; where a sync
+    overlaps a backward (bucket ready times) the simulator charges it on the node's cores, shared fairly with the
+    rank's sync (0: not charged).
     """
 
     compute_scale: float
@@ -62,64 +106,75 @@ class RuntimeCosts:
     remote_hop: LinearCost | None = None  # between nodes, beyond the wire (None: as ``hop``)
     op_gap_s: float = 0.0  # charged on every compute op (the direct plane's executor)
     plane: str = "objectstore"
-    message_cpu: LinearCost | None = None
+    message_cpu_s: float = 0.0
+    copy_cpu: dict[str, float] = field(default_factory=dict)  # COPY_KINDS -> CPU seconds per byte
     sync_cpu_s: float = 0.0
+    transport: str = "direct"
+    backward_cores: float = 0.0
 
     def scale(self, op: str, codec_key: str = "") -> float:
         """The scale fitted for this op and codec, else the overall one."""
         return self.op_scale.get(scale_key(op, codec_key), self.compute_scale)
 
+    def copy_per_byte(self, kind: str) -> float:
+        """CPU seconds per byte of a message's copies through ``kind`` (:data:`COPY_KINDS`); a kind the calibration
+        did not see (gloo between nodes, calibrated on one machine) is priced as shared memory's, else 0."""
+        return self.copy_cpu.get(kind, self.copy_cpu.get("shm", 0.0))
+
     def to_dict(self) -> dict[str, Any]:
         return {"compute_scale": self.compute_scale, "task_gap_s": self.task_gap_s,
                 "hop": [self.hop.a, self.hop.b], "op_scale": dict(self.op_scale), "dispatch_s": self.dispatch_s,
                 "samples": dict(self.samples), "op_gap_s": self.op_gap_s, "plane": self.plane,
-                **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {}),
-                **({"message_cpu": [self.message_cpu.a, self.message_cpu.b]} if self.message_cpu is not None else {}),
-                **({"sync_cpu_s": self.sync_cpu_s} if self.sync_cpu_s else {})}
+                "transport": self.transport, "message_cpu_s": self.message_cpu_s, "copy_cpu": dict(self.copy_cpu),
+                "sync_cpu_s": self.sync_cpu_s, "backward_cores": self.backward_cores,
+                **({"remote_hop": [self.remote_hop.a, self.remote_hop.b]} if self.remote_hop is not None else {})}
 
     @classmethod
-    def from_dict(cls, data: Any, source: str) -> "RuntimeCosts":
+    def from_dict(cls, data: Any, source: str, version: int = PROFILE_VERSION) -> "RuntimeCosts":
+        """Read a runtime section of a profile of ``version`` (2: its ``message_cpu`` [a, b] is read as
+        ``message_cpu_s`` a and shared memory's ``copy_cpu`` b, the one-machine direct plane it was fitted on)."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: 'runtime' must be an object, got {type(data).__name__}")
         for key in ("compute_scale", "task_gap_s", "hop"):
             if key not in data:
                 raise ValueError(f"{source}: runtime is missing {key!r}")
-        scale, gap, hop = data["compute_scale"], data["task_gap_s"], data["hop"]
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-            raise ValueError(f"{source}: runtime.compute_scale must be a positive number, got {scale!r}")
-        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or gap < 0:
-            raise ValueError(f"{source}: runtime.task_gap_s must be a non-negative number, got {gap!r}")
-        remote, message = data.get("remote_hop"), data.get("message_cpu")
-        for name, value in (("hop", hop), ("remote_hop", remote), ("message_cpu", message)):
-            if value is None and name != "hop":
-                continue
-            if (not isinstance(value, (list, tuple)) or len(value) != 2 or not all(
-                    isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                    for v in value)):
-                raise ValueError(f"{source}: runtime.{name} must be [a, b] with non-negative numbers, got {value!r}")
+        scale = _number(data["compute_scale"], source, "compute_scale", positive=True)
+        gap = _number(data["task_gap_s"], source, "task_gap_s")
+        hop = _pair(data["hop"], source, "hop")
+        remote = None if data.get("remote_hop") is None else _pair(data["remote_hop"], source, "remote_hop")
         op_scale = data.get("op_scale", {})
         if not isinstance(op_scale, dict) or not all(
                 isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
                 for k, v in op_scale.items()):
             raise ValueError(f"{source}: runtime.op_scale must map op names to positive numbers, got {op_scale!r}")
-        dispatch = data.get("dispatch_s", 0.0)
-        if isinstance(dispatch, bool) or not isinstance(dispatch, (int, float)) or dispatch < 0:
-            raise ValueError(f"{source}: runtime.dispatch_s must be a non-negative number, got {dispatch!r}")
         samples = data.get("samples", {})
-        op_gap, plane = data.get("op_gap_s", 0.0), data.get("plane", "objectstore")
-        sync_cpu = data.get("sync_cpu_s", 0.0)
-        for name, value in (("op_gap_s", op_gap), ("sync_cpu_s", sync_cpu)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{source}: runtime.{name} must be a non-negative number, got {value!r}")
+        plane, transport = data.get("plane", "objectstore"), data.get("transport", "direct")
         if plane not in ("objectstore", "direct"):
             raise ValueError(f"{source}: runtime.plane must be 'objectstore' or 'direct', got {plane!r}")
-        return cls(float(scale), float(gap), LinearCost(float(hop[0]), float(hop[1])),
-                   {k: float(v) for k, v in op_scale.items()}, float(dispatch),
-                   dict(samples) if isinstance(samples, dict) else {},
-                   LinearCost(float(remote[0]), float(remote[1])) if remote is not None else None,
-                   float(op_gap), plane,
-                   LinearCost(float(message[0]), float(message[1])) if message is not None else None,
-                   float(sync_cpu))
+        if transport not in DIRECT_TRANSPORTS:
+            raise ValueError(f"{source}: runtime.transport must be one of {list(DIRECT_TRANSPORTS)}, got {transport!r}")
+        if version < 3:
+            if "copy_cpu" in data or "message_cpu_s" in data:
+                raise ValueError(f"{source}: runtime.copy_cpu and message_cpu_s are version 3's; this profile says "
+                                 f"version {version}")
+            message = None if data.get("message_cpu") is None else _pair(data["message_cpu"], source, "message_cpu")
+            per_message, copy = (0.0, {}) if message is None else (message.a, {"shm": message.b})
+        else:
+            if "message_cpu" in data:
+                raise ValueError(f"{source}: runtime.message_cpu is version 2's [a, b]; version 3 has message_cpu_s "
+                                 "and copy_cpu")
+            per_message = _number(data.get("message_cpu_s", 0.0), source, "message_cpu_s")
+            copy = data.get("copy_cpu", {})
+            if not isinstance(copy, dict) or not set(copy) <= set(COPY_KINDS):
+                raise ValueError(f"{source}: runtime.copy_cpu must map some of {list(COPY_KINDS)} to CPU seconds per "
+                                 f"byte, got {copy!r}")
+            copy = {k: _number(v, source, f"copy_cpu.{k}") for k, v in copy.items()}
+        return cls(scale, gap, hop, {k: float(v) for k, v in op_scale.items()},
+                   _number(data.get("dispatch_s", 0.0), source, "dispatch_s"),
+                   dict(samples) if isinstance(samples, dict) else {}, remote,
+                   _number(data.get("op_gap_s", 0.0), source, "op_gap_s"), plane, per_message, copy,
+                   _number(data.get("sync_cpu_s", 0.0), source, "sync_cpu_s"), transport,
+                   _number(data.get("backward_cores", 0.0), source, "backward_cores"))
 
 
 @dataclass
@@ -196,18 +251,34 @@ class Profile:
         return nbytes / self.transfer_beta_bps if self.runtime is not None and self.runtime.plane == "objectstore" \
             else 0.0
 
-    def message_cpu_s(self, nbytes: int) -> float:
-        """CPU seconds the data plane's threads spend on one message of ``nbytes`` besides the ops (calibrated on
-        the direct plane only; 0 otherwise)."""
+    def message_cpu_s(self, nbytes: int, same_node: bool = True) -> float:
+        """CPU seconds the data plane's threads spend on one message of ``nbytes`` besides the ops: the executor's
+        ``message_cpu_s`` and the copies' ``copy_cpu`` per byte of what the message goes through (``copy_kind``
+        of the runtime's transport, within a node or between nodes).  A calibrated direct plane only; 0 otherwise."""
         rt = self.runtime
-        return rt.message_cpu(nbytes) if rt is not None and rt.message_cpu is not None else 0.0
+        if rt is None or rt.plane != "direct":
+            return 0.0
+        return rt.message_cpu_s + rt.copy_per_byte(copy_kind(rt.transport, same_node)) * nbytes
 
     def message_cpu_shares(self, nbytes: int, same_node: bool) -> tuple[float, float]:
         """``(sender's, receiver's)`` CPU seconds of one message's threads on their nodes' cores: all of
         :meth:`message_cpu_s` on the sender within a node (its thread copies into the receiver's slot), half
         on each end between nodes."""
-        cost = self.message_cpu_s(nbytes)
+        cost = self.message_cpu_s(nbytes, same_node)
         return (cost, 0.0) if same_node else (cost / 2, cost / 2)
+
+    @property
+    def backward_cores(self) -> float:
+        """Cores one rank's backward keeps busy while it produces gradients alone (calibrated; else 0: not charged)."""
+        return self.runtime.backward_cores if self.runtime is not None else 0.0
+
+    def backward_share(self, cores: int, workers: int) -> float:
+        """Cores each of ``workers`` ranks' backward takes from a pool of ``cores`` while it runs beside the rank's
+        sync: all its :attr:`backward_cores` where the pool has room for every backward and one sync thread per
+        rank, else its fair share, ``cores / (workers * (backward_cores + 1))`` per thread.  The simulator and the
+        planner's timeline both charge it."""
+        b = self.backward_cores
+        return b * min(1.0, cores / (workers * (b + 1))) if b > 0 and workers > 0 else 0.0
 
     @property
     def sync_cpu_s(self) -> float:
@@ -279,7 +350,8 @@ class Profile:
                    transfer_alpha_s=float(data["transfer_alpha_s"]),
                    transfer_beta_bps=float(data["transfer_beta_bps"]),
                    task_overhead_s=float(data["task_overhead_s"]), machine=dict(data.get("machine", {})),
-                   runtime=RuntimeCosts.from_dict(data["runtime"], source) if data.get("runtime") is not None else None)
+                   runtime=RuntimeCosts.from_dict(data["runtime"], source, data["version"])
+                   if data.get("runtime") is not None else None)
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .costmodel import LinearCost, Profile, RuntimeCosts
+from .costmodel import COPY_KINDS, LinearCost, Profile, RuntimeCosts
 
 
 def _gbps(cost: LinearCost | None) -> float | None:
@@ -40,16 +40,13 @@ def codec_rows(measured: Profile, packaged: Profile) -> tuple[list[str], list[li
 
 def _runtime_terms(rt: RuntimeCosts | None) -> list[tuple[str, float | None]]:
     """The runtime's terms in display units; the packaged profile has none (the ideal runtime: scale 1, no costs)."""
-    if rt is None:
-        return [("ops' time in loaded actors (×)", 1.0), ("executor per op (us)", 0.0), ("hop a (ms)", 0.0),
-                ("hop b (ns/byte)", 0.0), ("message CPU a (ms)", 0.0), ("message CPU b (ns/byte)", 0.0),
-                ("other CPU per sync (ms)", 0.0)]
-    message = rt.message_cpu
+    rt = rt or RuntimeCosts(compute_scale=1.0, task_gap_s=0.0, hop=LinearCost(0.0, 0.0))
     return [("ops' time in loaded actors (×)", rt.compute_scale), ("executor per op (us)", rt.op_gap_s * 1e6),
             ("hop a (ms)", rt.hop.a * 1e3), ("hop b (ns/byte)", rt.hop.b * 1e9),
-            ("message CPU a (ms)", None if message is None else message.a * 1e3),
-            ("message CPU b (ns/byte)", None if message is None else message.b * 1e9),
-            ("other CPU per sync (ms)", rt.sync_cpu_s * 1e3)]
+            ("executor per message (ms)", rt.message_cpu_s * 1e3),
+            *((f"copy CPU, {kind} (ns/byte)", rt.copy_cpu[kind] * 1e9 if kind in rt.copy_cpu else None)
+              for kind in COPY_KINDS),
+            ("other CPU per sync (ms)", rt.sync_cpu_s * 1e3), ("backward's cores", rt.backward_cores)]
 
 
 def machine_rows(measured: Profile, packaged: Profile) -> tuple[list[str], list[list[Any]]]:

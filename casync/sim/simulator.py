@@ -6,7 +6,9 @@ occupies the sender's egress and the receiver's ingress for as long as the link 
 recv completes after the link's delay (the network's one-way latency, plus the runtime's per-hop latency
 when the profile is calibrated on Ray); where the cluster models cores, a calibrated direct plane's threads
 also take ``Profile.message_cpu_s`` of a core per message (and ``sync_cpu_s`` per actor), which the ops then
-wait for.  Ops start when their inputs are ready and a lane is free; ready ops are taken in the order of the
+wait for; where buckets become ready one after another (a backward pass producing them), each worker's
+backward takes its share of the cores between one bucket's ready time and the next
+(:func:`backward_slices`).  Ops start when their inputs are ready and a lane is free; ready ops are taken in the order of the
 one schedule (``casync.schedule.order_key``: readiness, bucket priority, exchange round, node name), and the
 first op of each task of that schedule (same actor, bucket and hop) also pays the profile's per-task cost.
 
@@ -27,7 +29,7 @@ from ..schedule import priority_key
 from .costmodel import ClusterModel, Profile
 from .optable import KINDS, RECV, SEND, OpTable
 
-_READY, _SENT, _FREE = 0, 1, 2  # event kinds, in the order simultaneous events are handled
+_READY, _SENT, _FREE, _BACKWARD = 0, 1, 2, 3  # event kinds, in the order simultaneous events are handled
 
 
 @dataclass
@@ -106,6 +108,25 @@ def simulate(plan: SyncPlan, cluster: ClusterModel | None = None, profile: Profi
     groups = [(b.name, [m.spec for m in b.members]) for b in plan.buckets]
     bucket_ready = dict(zip((b.name for b in plan.buckets), bucket_ready_times(groups, ready_times, plan.tensors)))
     return run_table(OpTable.from_graph(plan.graph), cluster, profile, bucket_ready)
+
+
+def backward_slices(ready: list[float], profile: Profile, actors: list[str], pool_of: list[list[int] | None]
+                    ) -> list[tuple[float, list[tuple[list[int], float]]]]:
+    """When and how much CPU the workers' backward passes take off their nodes' cores while a sync overlaps them:
+    from each bucket's ready time to the next one's (from the first to the last), each worker whose node's cores
+    are modelled takes :meth:`Profile.backward_share` of them per second.  Returns ``[(start, [(pool lanes,
+    seconds) per worker])]``; empty where nothing is charged (all buckets ready together, an uncalibrated profile,
+    no cores modelled)."""
+    times = sorted(set(ready))
+    if profile.backward_cores <= 0 or len(times) < 2:
+        return []
+    workers: dict[int, list[int]] = {}  # pool id -> the worker actors on it
+    for a, name in enumerate(actors):
+        if name.startswith("worker:") and pool_of[a] is not None:
+            workers.setdefault(id(pool_of[a]), []).append(a)
+    share = {key: profile.backward_share(len(pool_of[members[0]]), len(members)) for key, members in workers.items()}
+    return [(start, [(pool_of[a], share[key] * (end - start)) for key, members in workers.items() for a in members])
+            for start, end in zip(times, times[1:])] if workers else []
 
 
 def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_ready: Mapping[str, float],
@@ -192,6 +213,9 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
         if indeg[n] == 0:
             ready[n] = start_of[bucket_of[n]]
             events.append((ready[n], _READY, n, n))
+    slices = backward_slices(start_of, profile, table.actors, pool_of)
+    for k, (at, _) in enumerate(slices):
+        events.append((at, _BACKWARD, k, k))
     heapq.heapify(events)
     task_seen: set[tuple[int, int, int]] = set()
     link_memo: dict[tuple[int, bool], tuple[float, float]] = {}
@@ -273,6 +297,10 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             _, event, _, n = pop(events)
             if event == _FREE:
                 touched.add(n)
+                continue
+            if event == _BACKWARD:  # the workers' backward passes take their share of the cores until the next bucket
+                for pool, seconds in slices[n][1]:
+                    take_core(pool, now, seconds)
                 continue
             k = kind[n]
             if event == _READY and k != RECV:

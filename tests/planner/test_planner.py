@@ -245,7 +245,7 @@ def test_estimator_charges_the_data_planes_threads_on_the_cores_as_the_simulator
     codec = get_codec("onebit")
     runtime = RuntimeCosts(compute_scale=1.0, task_gap_s=0.0, hop=LinearCost(0.0, 0.0), plane="direct")
     base = casync.Profile.default().with_runtime(runtime)
-    threads = base.with_runtime(replace(runtime, message_cpu=LinearCost(1e-3, 0.0)))
+    threads = base.with_runtime(replace(runtime, message_cpu_s=1e-3))
     cores = casync.ClusterModel(nodes=1, workers_per_node=4, cores_per_node=2)
     option, numel = Option(strategy, codec, parts), 1_000_000
     without, with_threads = (Estimator(4, cores, p).cost(numel, option) for p in (base, threads))

@@ -24,9 +24,11 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     assert again.runtime == RUNTIME
     remote = replace(RUNTIME, remote_hop=LinearCost(0.012, 0.0))
     assert Profile.load(profile.with_runtime(remote).save(tmp_path / "r.json")).runtime == remote
-    threads = replace(RUNTIME, plane="direct", message_cpu=LinearCost(3e-4, 1e-10), sync_cpu_s=2e-3)
+    threads = replace(RUNTIME, plane="direct", message_cpu_s=3e-4, copy_cpu={"shm": 1e-10, "gloo": 5e-10},
+                      sync_cpu_s=2e-3, backward_cores=0.8)
     assert Profile.load(profile.with_runtime(threads).save(tmp_path / "m.json")).runtime == threads
     assert profile.with_runtime(threads).message_cpu_s(10**6) == pytest.approx(3e-4 + 1e-4)
+    assert profile.with_runtime(threads).message_cpu_s(10**6, same_node=False) == pytest.approx(3e-4 + 5e-4)
     assert profile.with_runtime(threads).sync_cpu_s == 2e-3 and again.sync_cpu_s == 0.0
     per_sync = replace(RUNTIME, plane="direct", sync_cpu_s=1e-3)  # each is saved without the other
     assert Profile.load(profile.with_runtime(per_sync).save(tmp_path / "s.json")).runtime == per_sync
@@ -49,7 +51,12 @@ def test_runtime_costs_round_trip_and_version_one_still_loads(tmp_path):
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "dispatch_s": -1}, "dispatch_s"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [0.001]}, "remote_hop"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "remote_hop": [float("nan"), 0]}, "remote_hop"),
-    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "message_cpu": [-1e-3, 0]}, "message_cpu"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "message_cpu": [1e-3, 0]}, "version 2's"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "message_cpu_s": -1e-3}, "message_cpu_s"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "copy_cpu": {"ib": 1e-10}}, "copy_cpu"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "copy_cpu": {"shm": "x"}}, "copy_cpu.shm"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "backward_cores": -1}, "backward_cores"),
+    ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "transport": "carrier pigeon"}, "transport"),
     ({"compute_scale": 1, "task_gap_s": 0, "hop": [0, 0], "sync_cpu_s": float("inf")}, "sync_cpu_s"),
 ])
 def test_malformed_runtime_is_rejected(runtime, match):
@@ -143,12 +150,13 @@ def test_fit_direct_runtime_reads_the_executors_timelines(ray_local):
     plans = calibration_plans(workers=2, configs=(("ring", "onebit"),))
     measured = [(plan, measure_run(plan, iters=2, transport="direct")) for plan in plans]
     runs = [(plan, m.steps) for plan, m in measured]
-    assert fit_direct_runtime(runs, Profile.default()).message_cpu is None  # no process CPU: not fitted
+    unfitted = fit_direct_runtime(runs, Profile.default())  # no process CPU: not fitted
+    assert unfitted.copy_cpu == {} and unfitted.message_cpu_s == 0.0
     cpu = [m.process_cpu_s for _, m in measured]
     assert set(cpu[0]) == {"worker:0", "worker:1"} and all(0 < s < 10 for s in cpu[0].values())
     runtime = fit_direct_runtime(runs, Profile.default(), process_cpu=cpu)
     assert runtime.plane == "direct" and runtime.task_gap_s == 0.0
-    assert runtime.message_cpu is not None and runtime.message_cpu.a >= 0 and runtime.message_cpu.b >= 0
+    assert set(runtime.copy_cpu) == {"shm"} and runtime.message_cpu_s >= 0 and runtime.copy_cpu["shm"] >= 0
     assert 0 <= runtime.op_gap_s < 0.5 and runtime.samples["gaps"] > 0 and runtime.samples["hops"] > 0
     assert runtime.hop.a >= 0 and runtime.hop.b >= 0
     profile = Profile.default().with_runtime(runtime)
@@ -156,16 +164,17 @@ def test_fit_direct_runtime_reads_the_executors_timelines(ray_local):
     cluster = ClusterModel(nodes=1, workers_per_node=2)
     # the same fitted op scales without the gaps, hops and message CPU: those are charged on top (against the ideal
     # runtime itself the sum may go either way, as measured ops may run faster than the packaged profile's)
-    free = replace(runtime, op_gap_s=0.0, hop=LinearCost(0.0, 0.0), message_cpu=None)
+    free = replace(runtime, op_gap_s=0.0, hop=LinearCost(0.0, 0.0), message_cpu_s=0.0, copy_cpu={})
     assert (simulate(plans[0], cluster, profile).iteration_time
             > simulate(plans[0], cluster, Profile.default().with_runtime(free)).iteration_time)
     assert RuntimeCosts.from_dict(runtime.to_dict(), "test") == runtime
 
 
-def _rows(actor: str, sends: list[int], op_cpu: float) -> list[dict]:
-    """One step's records of an actor: an encode taking ``op_cpu`` of CPU, and a send per size in ``sends``."""
+def _rows(actor: str, sends: list[int], op_cpu: float, peer: str = "worker:1") -> list[dict]:
+    """One step's records of an actor: an encode taking ``op_cpu`` of CPU, and a send to ``peer`` per size in
+    ``sends``."""
     return ([dict(op="encode", actor=actor, cpu=op_cpu, nbytes=0)]
-            + [dict(op="send", actor=actor, cpu=1e-5, nbytes=n) for n in sends])
+            + [dict(op="send", actor=actor, cpu=1e-5, nbytes=n, peer=peer) for n in sends])
 
 
 def test_fit_thread_cpu_recovers_the_cost_per_sync_message_and_byte():
@@ -175,21 +184,43 @@ def test_fit_thread_cpu_recovers_the_cost_per_sync_message_and_byte():
     sync, a, b, gap = 3e-3, 4e-4, 2e-10, 1e-5
     runs, cpu = [], []
     for sizes in ([1 << 20] * 10, [1 << 14] * 30, [1 << 24] * 4):
-        steps = [_rows("worker:0", sizes, 0.02) + _rows("worker:1", sizes, 0.03) for _ in range(3)]
+        steps = [_rows("worker:0", sizes, 0.02) + _rows("worker:1", sizes, 0.03, "worker:0") for _ in range(3)]
         runs.append((None, steps))
         cpu.append({w: own + gap + sync + len(sizes) * a + sum(sizes) * b
                     for w, own in (("worker:0", 0.02), ("worker:1", 0.03))})
-    fitted_sync, fitted = fit_thread_cpu(runs, cpu, op_gap_s=gap)
+    fitted_sync, per_message, copy = fit_thread_cpu(runs, cpu, op_gap_s=gap)
     assert fitted_sync == pytest.approx(sync, rel=1e-6)
-    assert fitted.a == pytest.approx(a, rel=1e-6) and fitted.b == pytest.approx(b, rel=1e-6)
-    one_sync, one = fit_thread_cpu(runs[:1], cpu[:1], op_gap_s=gap)
-    assert min(one_sync, one.a, one.b) >= 0
-    assert one_sync + 10 * one(1 << 20) == pytest.approx(sync + 10 * a + 10 * (1 << 20) * b)
-    assert fit_thread_cpu(runs[1:2], [{w: 0.0 for w in cpu[1]}], op_gap_s=gap) == (0.0, LinearCost(0.0, 0.0))
+    assert per_message == pytest.approx(a, rel=1e-6) and copy == {"shm": pytest.approx(b, rel=1e-6)}
+    one_sync, one_message, one_copy = fit_thread_cpu(runs[:1], cpu[:1], op_gap_s=gap)
+    assert min(one_sync, one_message, one_copy["shm"]) >= 0
+    assert one_sync + 10 * (one_message + one_copy["shm"] * (1 << 20)) == pytest.approx(
+        sync + 10 * a + 10 * (1 << 20) * b)
+    assert fit_thread_cpu(runs[1:2], [{w: 0.0 for w in cpu[1]}], op_gap_s=gap) == (0.0, 0.0, {"shm": 0.0})
     with pytest.raises(ValueError, match="entries for"):
         fit_thread_cpu(runs, cpu[:2])
     with pytest.raises(ValueError, match="no messages"):
         fit_thread_cpu([(None, [_rows("worker:0", [], 0.01)])], [{"worker:0": 0.1}])
+
+
+def test_fit_thread_cpu_tells_shared_memory_copies_from_gloos():
+    """Messages within a node go through shared memory, between nodes through gloo (the direct plane) or TCP
+    (``tcp``): each kind's CPU per byte is fitted from the bytes each actor sends through it."""
+    sync, a, shm, gloo = 2e-3, 1e-4, 1e-10, 6e-10
+    cluster = ClusterModel(nodes=2, workers_per_node=2)  # workers 0, 1 on node 0; 2, 3 on node 1
+    runs, cpu = [], []
+    for near, far in (([1 << 20] * 8, [1 << 20] * 2), ([1 << 16] * 20, [1 << 22] * 6), ([1 << 22] * 3, [1 << 14] * 9),
+                      ([1 << 18] * 5, [1 << 18] * 5)):
+        steps = [_rows("worker:0", near, 0.01, "worker:1") + _rows("worker:0", far, 0.0, "worker:2")[1:]]
+        runs.append((None, steps))
+        cpu.append({"worker:0": 0.01 + sync + (len(near) + len(far)) * a + sum(near) * shm + sum(far) * gloo})
+    _, per_message, copy = fit_thread_cpu(runs, cpu, cluster=cluster)
+    assert per_message == pytest.approx(a, rel=1e-6)
+    assert copy == {"shm": pytest.approx(shm, rel=1e-6), "gloo": pytest.approx(gloo, rel=1e-6)}
+    _, _, over_tcp = fit_thread_cpu(runs, cpu, cluster=cluster, transport="tcp")
+    assert set(over_tcp) == {"shm", "tcp"}
+    profile = Profile.default().with_runtime(replace(RUNTIME, plane="direct", message_cpu_s=a, copy_cpu=copy))
+    assert profile.message_cpu_shares(1 << 20, same_node=False) == pytest.approx(
+        ((a + gloo * (1 << 20)) / 2,) * 2)
 
 
 def test_thread_cpu_takes_the_cores_the_ops_need():
@@ -198,8 +229,8 @@ def test_thread_cpu_takes_the_cores_the_ops_need():
     plan = casync.build_plan([("a", (2_000_000,)), ("b", (1_000_000,))], workers=4, strategy="ring", codec="none")
     direct = replace(RUNTIME, plane="direct")
     base = Profile.default().with_runtime(direct)
-    busy = Profile.default().with_runtime(replace(direct, message_cpu=LinearCost(1e-3, 1e-9)))
-    per_sync = Profile.default().with_runtime(replace(direct, message_cpu=LinearCost(0.0, 0.0), sync_cpu_s=0.05))
+    busy = Profile.default().with_runtime(replace(direct, message_cpu_s=1e-3, copy_cpu={"shm": 1e-9}))
+    per_sync = Profile.default().with_runtime(replace(direct, sync_cpu_s=0.05))
     cores = ClusterModel(nodes=1, workers_per_node=4, cores_per_node=2)
     free = ClusterModel(nodes=1, workers_per_node=4)
     assert simulate(plan, free, busy).iteration_time == simulate(plan, free, base).iteration_time

@@ -15,7 +15,8 @@ from casync.sim.simulator import simulate
 
 CALIBRATED = Profile.default().with_runtime(RuntimeCosts(compute_scale=2.0, task_gap_s=0.0, hop=LinearCost(1e-3, 1e-9),
                                                          plane="direct", op_gap_s=2e-5,
-                                                         message_cpu=LinearCost(1e-4, 1e-10), sync_cpu_s=1e-3))
+                                                         message_cpu_s=1e-4, copy_cpu={"shm": 1e-10},
+                                                         sync_cpu_s=1e-3))
 
 
 @pytest.fixture
@@ -160,6 +161,7 @@ def test_the_short_calibration_runs_every_plan_on_one_set_of_actors(ray_local, m
     profile = mp.measure_machine()
     rt = profile.runtime
     assert len(started) == 1
-    assert rt.plane == "direct" and rt.compute_scale >= 1.0 and rt.message_cpu is not None
+    assert rt.plane == "direct" and rt.compute_scale >= 1.0 and set(rt.copy_cpu) == {"shm"}
+    assert rt.backward_cores > 0  # torch is installed: a backward was measured
     assert rt.samples["gaps"] > 0 and rt.samples["hops"] > 0
     assert profile.codecs == Profile.default().codecs  # fitted on top of the packaged prices

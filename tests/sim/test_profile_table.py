@@ -30,8 +30,11 @@ def test_machine_terms_and_a_calibrated_runtime_beside_the_packaged_ideal_one():
     assert headers == ["term", "measured", "packaged", "measured ÷ packaged"]
     assert terms["merge (ns/element)"][3] == "3.00" and "hop a (ms)" not in terms  # no runtime measured
     runtime = RuntimeCosts(compute_scale=1.5, task_gap_s=0.0, hop=LinearCost(2e-3, 0.0), plane="direct",
-                           op_gap_s=3e-5, message_cpu=LinearCost(1e-4, 0.0), sync_cpu_s=4e-3)
+                           op_gap_s=3e-5, message_cpu_s=1e-4, copy_cpu={"shm": 2e-10}, sync_cpu_s=4e-3,
+                           backward_cores=0.9)
     terms = {row[0]: row for row in machine_rows(measured.with_runtime(runtime), packaged)[1]}
     assert terms["ops' time in loaded actors (×)"][1:] == ["1.500", "1.000", "1.50"]
     assert terms["hop a (ms)"][1:] == ["2.000", "0.000", ""]  # the ideal runtime has none: no ratio
     assert terms["executor per op (us)"][1] == "30.000" and terms["other CPU per sync (ms)"][1] == "4.000"
+    assert terms["executor per message (ms)"][1] == "0.100" and terms["copy CPU, shm (ns/byte)"][1] == "0.200"
+    assert terms["copy CPU, gloo (ns/byte)"][1] == "" and terms["backward's cores"][1:3] == ["0.900", "0.000"]
