@@ -168,12 +168,14 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: (_module(item) in cluster_modules, _module(item) in ray_modules))
 
 
+@pytest.hookimpl(optionalhook=True)  # optional: the suite also runs without xdist (-p no:xdist, or not installed)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (the README's test command): one worker per core this process may run on, at most 4 (each
     may hold its own embedded Ray)."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """Whole modules to one worker each (module fixtures, such as the shared Ray, are made once), handed out in
     the collection order above rather than xdist's default of most tests first (test counts say little about

@@ -65,3 +65,11 @@ def test_a_test_failing_every_other_run_is_counted(tmp_path):
     assert merged["tests"]["test_sample.py::test_steady"]["failures"] == 0
     assert merged["not_repeated"] == ["test_sample.py::test_skipped_here"]
     assert "| `test_sample.py::test_every_other_run_fails[8-of-20]` | 8 | 4 |" in (tmp_path / "all.md").read_text()
+
+
+def test_the_suites_conftest_loads_without_xdist():
+    """The hunt runs pytest in one process (-p no:xdist): the suite's conftest must not require xdist's hooks."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                          "tests/tools/test_flake_hunt.py::test_base_id_drops_only_the_repeat_index"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
