@@ -9,7 +9,7 @@ rows and the predictions all read labels the same way.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from casync.strategies import STRATEGIES as STRATEGY_REGISTRY
 
@@ -55,16 +55,35 @@ def split_transport(label: str) -> tuple[str, str]:
     return base, transport or DEFAULT_TRANSPORT
 
 
-def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...]) -> dict[str, Any]:
+def auto_strategies(labels: Sequence[str]) -> dict[str, Any]:
+    """The planner's strategy arguments for an ``auto`` row beside the fixed rows ``labels`` (a grid's strategy
+    labels): the strategies those rows run, so that ``auto`` chooses among what the grid measures, never a strategy
+    no fixed row has; ``{}`` (the planner's default candidates) where the grid has no fixed row.  The planner keeps
+    one PS direction per plan: two-way where a fixed row is two-way PS, one-way where the PS rows are all one-way."""
+    fixed = [label_arguments(split_transport(label)[0]) for label in labels if split_transport(label)[0] != "auto"]
+    names = list(dict.fromkeys(args["strategy"] for args in fixed))
+    if not names:
+        return {}
+    out: dict[str, Any] = {"strategy": names}
+    directions = {args.get("two_way", True) for args in fixed if args["strategy"] == "ps"}
+    if directions == {False}:
+        out["two_way"] = False
+    return out
+
+
+def plan_arguments(strategy: str, codec: str, codecs: tuple[str, ...], strategies: Sequence[str] = ()
+                   ) -> dict[str, Any]:
     """``build_plan`` keyword arguments for one grid cell (without model, workers or cluster).
 
     ``auto`` with a codec ``c`` lets the planner choose, per bucket, the strategy, the partitions and
     whether to compress with ``c`` (candidates: none and ``c``); ``auto`` with :data:`AUTO_CODEC` lets it
-    choose among all of ``codecs``.
+    choose among all of ``codecs``.  ``strategies``: the grid's strategy labels; ``auto``'s strategy candidates
+    are those of its fixed rows (:func:`auto_strategies`).
     """
     strategy = split_transport(strategy)[0]
     args = label_arguments(strategy)
     if strategy == "auto":
+        args.update(auto_strategies(strategies))
         if codec == AUTO_CODEC:
             args["codec"] = list(dict.fromkeys(codecs))
         else:

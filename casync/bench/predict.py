@@ -17,7 +17,7 @@ from ..plan.syncplan import SyncPlan
 from ..plan.tensors import tensor_specs
 from ..sim.costmodel import ClusterModel, Profile
 from ..sim.simulator import Timeline, simulate
-from .labels import plan_arguments
+from .labels import plan_arguments, split_transport
 
 
 def predict(plan: SyncPlan, cluster: ClusterModel, profile: Profile | None = None) -> Timeline:
@@ -31,16 +31,17 @@ def predicted_sync_s(timeline: Timeline) -> float:
 
 
 def make_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[str, ...], cluster: ClusterModel,
-              seed: int = 0, profile: Profile | None = None) -> SyncPlan:
-    """The executable plan of one grid cell (the planner's for ``auto``, planning for ``cluster``)."""
-    args = plan_arguments(strategy, codec, codecs)
-    if args["strategy"] == "auto":
+              seed: int = 0, profile: Profile | None = None, strategies: tuple[str, ...] = ()) -> SyncPlan:
+    """The executable plan of one grid cell (the planner's for ``auto``, planning for ``cluster`` from the model
+    alone, among the strategies of the grid's fixed rows ``strategies`` and its codecs ``codecs``)."""
+    args = plan_arguments(strategy, codec, codecs, strategies)
+    if split_transport(strategy)[0] == "auto":
         return build_plan(model, workers=workers, cluster=cluster, profile=profile, seed=seed, **args)
     return build_plan(model, workers=workers, seed=seed, **args)
 
 
 def sim_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[str, ...], cluster: ClusterModel,
-             profile: Profile | None = None) -> SyncPlan:
+             profile: Profile | None = None, strategies: tuple[str, ...] = ()) -> SyncPlan:
     """The plan whose simulation predicts a simulated-grid cell: its compact template where that is exact (the
     same buckets and partitions, on a cluster where workers are interchangeable), else the full plan.
 
@@ -49,7 +50,7 @@ def sim_plan(model: str, workers: int, strategy: str, codec: str, codecs: tuple[
     """
     specs = tensor_specs(model)
     if strategy == "auto":
-        chosen = make_plan(model, workers, strategy, codec, codecs, cluster, profile=profile)
+        chosen = make_plan(model, workers, strategy, codec, codecs, cluster, profile=profile, strategies=strategies)
         groups = [(b.name, [m.spec for m in b.members]) for b in chosen.buckets]
         choices = [BucketChoice(strategy=b.strategy, codec=b.codec, partitions=len(b.partitions), two_way=b.two_way,
                                 servers=b.servers, note=b.note) for b in chosen.buckets]

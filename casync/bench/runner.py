@@ -261,7 +261,7 @@ def run_bench(grid: Grid, setup: Setup, *, iters: int = 3, warmup: int = WARMUP_
             bar.set_description(f"simulate {model} N={workers} {bw:g}G {strategy}/{codec_label(codec)}")
             cluster = _sim_cluster(workers, bw)
             try:
-                plan = sim_plan(model, workers, strategy, codec, grid.codecs, cluster, sim_profile)
+                plan = sim_plan(model, workers, strategy, codec, grid.codecs, cluster, sim_profile, grid.strategies)
                 wire = plan.wire_bytes()
                 dense = _dense_wire(plan)
                 result.sim_rows.append(SimRow(model=model, workers=workers, bandwidth_gbps=bw, strategy=strategy,
@@ -375,7 +375,8 @@ def _measure_cells(cells, grid: Grid, setup: Setup, rows: list[Row], result: Ben
             row = Row(model=model, workers=workers, system="casync", strategy=strategy, codec=codec)
             try:
                 cluster = setup.cluster_model(workers, grid.compute_threads)
-                plan = make_plan(model, workers, strategy, codec, grid.codecs, cluster, seed=seed, profile=profile)
+                plan = make_plan(model, workers, strategy, codec, grid.codecs, cluster, seed=seed, profile=profile,
+                                 strategies=grid.strategies)
                 row.wire_bytes = plan.wire_bytes()
                 row.dense_wire_bytes = _dense_wire(plan)
                 row.compression = row.dense_wire_bytes / row.wire_bytes if row.wire_bytes else 1.0

@@ -356,6 +356,30 @@ def test_a_label_may_ask_for_partitions_in_every_row_that_builds_its_plan():
     assert casync_hook("ddp-casync:ring.p8:onebit")[0].options.partitions == 8
 
 
+def test_auto_chooses_among_the_grids_fixed_strategies_and_codecs_from_the_model_alone():
+    """An ``auto`` row's candidates are the strategies and codecs of the grid's fixed rows (issue #44): a grid of
+    ring and allgather never gets a PS plan from ``auto``, whatever the model prefers; the planner's record says
+    what it chose among, and no plan was run to choose (``build_plan`` plans from the simulator only)."""
+    from casync.bench.labels import auto_strategies
+
+    cluster = ClusterModel(nodes=4, workers_per_node=1, bandwidth_gbps=1.0)
+    assert auto_strategies(("ring", "ps-twoway", "allgather", "auto")) == {"strategy": ["ring", "ps", "allgather"]}
+    assert auto_strategies(("ps-oneway", "auto@tcp")) == {"strategy": ["ps"], "two_way": False}
+    assert auto_strategies(("ps-oneway", "ps-twoway.p8", "ring@tcp")) == {"strategy": ["ps", "ring"]}
+    assert auto_strategies(("auto",)) == {}  # no fixed row: the planner's own candidates
+    # at 1 Gbit over 4 nodes the packaged model's best plan is PS (the simulated grid's column shows it)
+    free = make_plan("resnet50", 4, "auto", "auto", ("none", "onebit"), cluster)
+    assert "ps" in {b.strategy for b in free.buckets}
+    plan = make_plan("resnet50", 4, "auto", "auto", ("none", "onebit"), cluster, strategies=("ring", "allgather", "auto"))
+    assert {b.strategy for b in plan.buckets} <= {"ring", "allgather"}
+    assert plan.options["planner"]["strategies"] == ["ring", "allgather"]
+    assert plan.options["planner"]["codecs"] == ["none", "onebit"]
+    simulated = sim_plan("resnet50", 4, "auto", "onebit", ("none", "onebit"), cluster, strategies=("ring", "auto"))
+    assert {b.strategy for b in simulated.buckets} == {"ring"}
+    assert plan_arguments("auto", "onebit", ("none", "onebit"), ("ring", "allgather")) == {
+        "strategy": ["ring", "allgather"], "partitions": "auto", "codec": ["none", "onebit"]}
+
+
 @pytest.mark.parametrize("label", ["ring.8", "ring.p0", "ring.p08", "ring.px", "ring.p8.p4", "auto.p8"])
 def test_a_bad_partition_suffix_is_refused_naming_the_form(label):
     with pytest.raises(ValueError, match=r"'<label>\.p<count>'"):
