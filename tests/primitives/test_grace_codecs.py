@@ -54,8 +54,11 @@ def check_sketch(codec, x, payload, y):
     codes, means = payload["codes"].astype(np.int64), payload["means"]
     order = np.argsort(x, kind="stable")
     assert (np.diff(codes[order]) >= 0).all()  # bins follow the order of the values
-    for b in np.unique(codes):
-        np.testing.assert_allclose(means[b], x[codes == b].astype(np.float64).mean(), rtol=1e-6, atol=1e-30)
+    counts = np.bincount(codes, minlength=means.size)
+    sums = np.bincount(codes, weights=x.astype(np.float64), minlength=means.size)
+    used = counts > 0
+    np.testing.assert_allclose(means[used], sums[used] / counts[used], rtol=1e-6, atol=1e-30)
+    assert (means[~used] == 0).all()
     np.testing.assert_array_equal(y, means[codes])
 
 
@@ -133,7 +136,12 @@ def test_sketch_sends_each_values_quantile_bin_and_the_bins_means():
     payload, y = round_trip("sketch:quantiles=4", [0.0, 0.0, 0.0, 0.0, 1.0])
     # edges 0, 0, 0, 0, 1: the zeros fall past the equal edges into the last bin, with the 1; bins 0-2 are empty
     assert payload["codes"].tolist() == [3] * 5 and payload["means"].tolist() == [0, 0, 0, np.float32(0.2)]
-    assert get_codec("sketch:quantiles=257").compressed_nbytes(10) == 20 + 4 * 257  # uint16 codes past 256 bins
+    wide = get_codec("sketch:quantiles=300")  # uint16 codes past 256 bins
+    x = np.arange(600, dtype=np.float32)
+    payload = wide.encode(x)
+    assert payload["codes"].dtype == np.uint16 and wide.compressed_nbytes(600) == 1200 + 4 * 300
+    check_sketch(wide, x, payload, wide.decode(payload, 600))
+    assert np.unique(payload["codes"]).size == 300  # 600 distinct values: two per bin
     with pytest.raises(ValueError, match="quantiles"):
         get_codec("sketch:quantiles=1")
 
