@@ -150,7 +150,8 @@ class Estimator:
         folds = encoded_by is not None and merges_in_encode(encoded_by)
         if folds and feedback.resolve(encoded_by, self.error_feedback):
             inputs = max(0, inputs - 1)
-        return self.profile.merge_s(n, inputs)
+        handed = decoded and (codec.decodes_sparse or codec.decodes_in_blocks)  # its merge adds them itself
+        return self.profile.merge_s(n, inputs, codec_key=str(codec) if handed else "")
 
     def slots(self, pattern: str, K: int) -> tuple[int, int]:
         """Transfer slots of a shifted exchange of ``K`` partitions (see :func:`casync.planner.slots.slots`)."""

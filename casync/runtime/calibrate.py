@@ -100,8 +100,8 @@ def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any
         key = scale_key(row["op"], attrs["codec"])
     elif folded_merge(graph, row["node"], attrs):
         key = scale_key("encode", graph.nodes[next(iter(graph.successors(row["node"])))]["codec"])
-    else:
-        key = scale_key("merge")
+    else:  # by the codec whose decodes it adds itself, as the simulator looks it up
+        key = scale_key("merge", cost_key(graph, row["node"], attrs, attrs["numel"], handed)[0] or "")
     total = totals.setdefault(key, [0.0, 0.0])
     total[0] += row["cpu"] if row.get("cpu") is not None else row["end"] - row["start"]
     total[1] += _predicted_op_s(graph, row["node"], profile, handed)

@@ -113,8 +113,8 @@ class RuntimeCosts:
     backward_cores: float = 0.0
 
     def scale(self, op: str, codec_key: str = "") -> float:
-        """The scale fitted for this op and codec, else the overall one."""
-        return self.op_scale.get(scale_key(op, codec_key), self.compute_scale)
+        """The scale fitted for this op and codec, else for the op (``"merge"``), else the overall one."""
+        return self.op_scale.get(scale_key(op, codec_key), self.op_scale.get(op, self.compute_scale))
 
     def copy_per_byte(self, kind: str) -> float:
         """CPU seconds per byte of a message's copies through ``kind`` (:data:`COPY_KINDS`); a kind the calibration
@@ -232,8 +232,11 @@ class Profile:
         entry = self._codec_entry(codec_key)
         return entry.get("deferred", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
 
-    def merge_s(self, n: int, inputs: int, runtime: bool = True) -> float:
-        return self.merge(n * inputs) * self._scale(runtime, "merge")
+    def merge_s(self, n: int, inputs: int, runtime: bool = True, codec_key: str = "") -> float:
+        """A merge of ``inputs`` dense passes of ``n`` elements; ``codec_key``: the codec whose decodes it adds
+        itself (a sparsifier's entries, a block decoder's deferred decodes), whose merges a calibration scales
+        apart (``merge:<codec>``: a merge of sparse entries is scattered writes, not a streamed sum)."""
+        return self.merge(n * inputs) * self._scale(runtime, "merge", codec_key)
 
     @property
     def dispatch_s(self) -> float:

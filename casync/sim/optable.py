@@ -211,8 +211,9 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, ha
              ) -> tuple | None:
     """What an op's compute cost depends on: ``(codec, elements charged, mode, inputs)``; None for sends and
     receives.  An encode's ``mode`` is its error feedback (bool); a decode's is how its merge takes it
-    (``handed``, from :func:`handed_decodes`), else False.  A merge's ``codec`` and ``mode`` say which codec's
-    deferred decodes it adds, if any (None, False where none), and its ``inputs`` is a pair: the inputs
+    (``handed``, from :func:`handed_decodes`), else False.  A merge's ``codec`` is the codec whose handed decodes
+    it adds (a sparsifier's entries, or deferred decodes: ``mode`` True), None where none, and under a calibrated
+    runtime picks its scale (``merge:<codec>``); its ``inputs`` is a pair: the inputs
     :func:`merged_inputs` charges it for with its deferred decodes counted as dense inputs (under a profile
     without their ``deferred`` cost), and with them priced on their own; each one fewer where an encode computes
     the merge (:func:`folded_merge`)."""
@@ -230,7 +231,9 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, ha
         fold = 1 if folded_merge(graph, node, attrs) else 0
         whole = max(0, merged_inputs(dense + len(deferred), sparse) - fold)
         if not deferred:
-            return (None, numel, False, (whole, whole))
+            entries = next((graph.nodes[u]["codec"] for u in preds if handed.get(u) == "entries"), None) \
+                if sparse else None
+            return (entries, numel, False, (whole, whole))
         return (graph.nodes[deferred[0]]["codec"], numel, True,
                 (whole, max(0, merged_inputs(dense, sparse + len(deferred)) - fold)))
     return None
@@ -268,4 +271,4 @@ def op_seconds(profile: Any, kind: int, key: tuple, runtime: bool = True) -> flo
             return profile.deferred_s(codec, numel, runtime)
         return profile.decode_s(codec, numel, runtime)
     whole, deferred = inputs
-    return profile.merge_s(numel, deferred if mode and profile.prices_deferred(codec) else whole, runtime)
+    return profile.merge_s(numel, deferred if mode and profile.prices_deferred(codec) else whole, runtime, codec or "")

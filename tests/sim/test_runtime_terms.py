@@ -115,6 +115,25 @@ def test_the_planners_estimate_charges_the_same_terms():
     assert Timeline([0.0, 0.0], 4, back.R, back.backward).run(costs)[0] == Timeline([0.0, 0.0], 4, back.R).run(costs)[0]
 
 
+def test_a_merge_of_a_codecs_handed_decodes_has_a_scale_of_its_own():
+    """A merge that adds a sparsifier's entries (or a block decoder's deferred decodes) itself is scaled by
+    ``op_scale["merge:<codec>"]`` where calibration fitted one, else by the dense merges' ``"merge"``: only the
+    randomk merges of an all-gather slow down, in the simulator and the planner's estimator alike."""
+    from casync.planner.estimator import Estimator
+    from casync.primitives.codecs import get_codec
+
+    randomk, dense = _plan("allgather", "randomk:ratio=0.01"), _plan("ring", "none")
+    scaled = {"op_scale": {"merge": 2.0, "merge:randomk": 6.0}}
+    assert _time(randomk, ONE_NODE, **scaled) > _time(randomk, ONE_NODE, op_scale={"merge": 2.0}) + 1e-3
+    assert _time(dense, ONE_NODE, **scaled) == _time(dense, ONE_NODE, op_scale={"merge": 2.0})
+    profile = Profile.default().with_runtime(replace(DIRECT, **scaled))
+    assert profile.merge_s(10**6, 1, codec_key="randomk(ratio=0.01)") == pytest.approx(3 * profile.merge_s(10**6, 1))
+    assert profile.merge_s(10**6, 1, codec_key="topk(ratio=0.01)") == profile.merge_s(10**6, 1)  # not fitted: "merge"
+    est = Estimator(4, ONE_NODE, profile)
+    codec = get_codec("randomk:ratio=0.01")
+    assert est.merge_decoded(10**6, 3, 1, codec) == pytest.approx(profile.merge_s(10**6, 1, codec_key=str(codec)))
+
+
 def test_profiles_from_before_version_3_load(tmp_path):
     """The committed version-1 and version-2 profiles load; version 2's message_cpu [a, b] is read as the
     executor's a per message and shared memory's b per byte, so it simulates as it did; saving writes version 3."""
