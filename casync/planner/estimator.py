@@ -133,10 +133,13 @@ class Estimator:
     def dec_merged(self, codec: Codec, n: int) -> float:
         """Seconds for a decode only a merge reads, as the simulator prices it (``casync.sim.optable.cost_key``):
         a sparsifier's is handed to the merge as its entries (``casync.primitives.merge.Sparse``), a block decoder's
-        is decoded block by block as the merge adds (``casync.primitives.merge.Deferred``)."""
+        is decoded block by block as the merge adds (``casync.primitives.merge.Deferred``), any other is no output
+        and runs as ``Codec.decode_shared`` (the identity's: its payload's own array)."""
         if codec.decodes_sparse:
             return self.profile.entries_s(str(codec), n)
-        return self.profile.deferred_s(str(codec), n) if codec.decodes_in_blocks else self.dec(codec, n)
+        if codec.decodes_in_blocks:
+            return self.profile.deferred_s(str(codec), n)
+        return self.profile.shared_s(str(codec), n)  # no output: Codec.decode_shared
 
     def merge_decoded(self, n: int, decoded: int, local: int, codec: Codec,
                       encoded_by: Codec | None = None) -> float:

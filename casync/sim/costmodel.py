@@ -220,6 +220,13 @@ class Profile:
         entry = self._codec_entry(codec_key)
         return entry.get("entries", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
 
+    def shared_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
+        """A decode that is no output, which the executor runs as ``Codec.decode_shared``: the identity hands out
+        its payload's own array, nearly free.  Profiles without a ``shared`` cost for the codec (every codec that
+        decodes, and profiles from before it was measured) price it as a whole decode."""
+        entry = self._codec_entry(codec_key)
+        return entry.get("shared", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
+
     def prices_deferred(self, codec_key: str) -> bool:
         """Whether this profile measured ``deferred`` for the codec (see :meth:`deferred_s`)."""
         return "deferred" in self._codec_entry(codec_key)

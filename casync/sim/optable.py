@@ -211,7 +211,8 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, ha
              ) -> tuple | None:
     """What an op's compute cost depends on: ``(codec, elements charged, mode, inputs)``; None for sends and
     receives.  An encode's ``mode`` is its error feedback (bool); a decode's is how its merge takes it
-    (``handed``, from :func:`handed_decodes`), else False.  A merge's ``codec`` is the codec whose handed decodes
+    (``handed``, from :func:`handed_decodes`), else ``"shared"`` where another op reads it and it is no output
+    (the executor runs ``Codec.decode_shared``), else False.  A merge's ``codec`` is the codec whose handed decodes
     it adds (a sparsifier's entries, or deferred decodes: ``mode`` True), None where none, and under a calibrated
     runtime picks its scale (``merge:<codec>``); its ``inputs`` is a pair: the inputs
     :func:`merged_inputs` charges it for with its deferred decodes counted as dense inputs (under a profile
@@ -221,7 +222,10 @@ def cost_key(graph: nx.DiGraph, node: Any, attrs: dict[str, Any], numel: int, ha
     if op == "encode":
         return (attrs["codec"], numel, bool(attrs.get("ef")), 0)
     if op == "decode":
-        return (attrs["codec"], numel, handed.get(node, False), 0)
+        # read by another op and no output: Codec.decode_shared (a compact template's stand-ins for other workers'
+        # output decodes have no reader)
+        shared = "shared" if graph._succ[node] and not attrs.get("output") else False
+        return (attrs["codec"], numel, handed.get(node) or shared, 0)
     if op == "merge":
         preds = graph._pred[node]
         local = 1 if attrs.get("local_input") else 0
@@ -269,6 +273,8 @@ def op_seconds(profile: Any, kind: int, key: tuple, runtime: bool = True) -> flo
             return profile.entries_s(codec, numel, runtime)
         if mode == "deferred":
             return profile.deferred_s(codec, numel, runtime)
+        if mode == "shared":
+            return profile.shared_s(codec, numel, runtime)
         return profile.decode_s(codec, numel, runtime)
     whole, deferred = inputs
     return profile.merge_s(numel, deferred if mode and profile.prices_deferred(codec) else whole, runtime, codec or "")

@@ -139,8 +139,19 @@ def _profile_codecs(codecs: Iterable[str], sizes: Iterable[int], repeat: int,
                     best_time(lambda: np.add.at(acc, *codec.sparse_entries(payload, n)), reps, cold))
             if codec.decodes_in_blocks:  # decodes handed to their merge: what one more payload adds to it
                 times.setdefault("deferred", []).append(_deferred_time(codec, x, result, reps, cold))
+            if shares_payload(codec):  # a decode that is no output: the payload's own array (the identity's)
+                times.setdefault("shared", []).append(best_time(lambda: codec.decode_shared(payload, n), reps, cold))
         out[str(codec)] = {op: fit_linear(sizes, t) for op, t in times.items()}
     return out
+
+
+def shares_payload(codec: Any) -> bool:
+    """Whether ``codec`` decodes into something other than an output by handing out its payload's own array
+    (``Codec.decode_shared`` overridden, as the identity does): the executor's decodes that are no output cost
+    that, not a decode (``casync.primitives.ops.run_node``), and the profile prices them as ``shared``."""
+    from casync.primitives.codecs.base import Codec
+
+    return type(codec).decode_shared is not Codec.decode_shared
 
 
 def _deferred_time(codec: Any, x: np.ndarray, out: np.ndarray, reps: int, before: Callable[[], object]) -> float:

@@ -134,6 +134,36 @@ def test_a_merge_of_a_codecs_handed_decodes_has_a_scale_of_its_own():
     assert est.merge_decoded(10**6, 3, 1, codec) == pytest.approx(profile.merge_s(10**6, 1, codec_key=str(codec)))
 
 
+def test_a_decode_that_is_no_output_costs_what_decode_shared_costs():
+    """The executor runs a decode that is no output as ``Codec.decode_shared``: the identity's is its payload's own
+    array, so an all-gather of ``none`` pays for its merge, not for N copies before it (measured: 3 ms of decodes
+    where the simulator charged 126); an output decode still costs a decode, and a profile without ``shared``
+    prices it as before."""
+    from casync.sim.optable import KINDS, OpTable
+    from casync.sim.profiler import shares_payload
+    from casync.primitives.codecs import get_codec
+    from tests.helpers import profile_without
+
+    assert shares_payload(get_codec("none")) and not shares_payload(get_codec("onebit"))
+    plan = _plan("allgather", "none")
+    table = OpTable.from_graph(plan.graph)
+    profile = Profile.default()
+    durations = table.durations(profile)
+    decodes = [(plan.graph.nodes[name], d) for name, k, d in zip(table.names, table.kind, durations)
+               if KINDS[k] == "decode"]
+    assert decodes and not any(a.get("output") for a, _ in decodes)  # the merge is the output
+    assert all(d == pytest.approx(profile.shared_s("none", a["numel"])) for a, d in decodes)
+    assert profile.shared_s("none", 10**6) < profile.decode_s("none", 10**6) / 10
+    old = profile_without(profile, "shared")
+    assert simulate(plan, ONE_NODE, old).iteration_time > simulate(plan, ONE_NODE, profile).iteration_time
+    ring = _plan("ring", "none")  # its all-gather's decodes are outputs: whole decodes
+    ring_table = OpTable.from_graph(ring.graph)
+    outputs = [(ring.graph.nodes[name]["numel"], d) for name, k, d in
+               zip(ring_table.names, ring_table.kind, ring_table.durations(profile))
+               if KINDS[k] == "decode" and ring.graph.nodes[name].get("output")]
+    assert outputs and all(d == pytest.approx(profile.decode_s("none", n), rel=1e-3) for n, d in outputs)
+
+
 def test_profiles_from_before_version_3_load(tmp_path):
     """The committed version-1 and version-2 profiles load; version 2's message_cpu [a, b] is read as the
     executor's a per message and shared memory's b per byte, so it simulates as it did; saving writes version 3."""
