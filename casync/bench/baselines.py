@@ -48,7 +48,7 @@ from ..datasets.gradients import exact_mean, model_shapes, worker_flat
 from ..engines.memory import WARMUP_SYNCS
 from ..engines.memory import keep_freed_memory
 from ..sim.costmodel import ClusterModel, Profile
-from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook
+from .hooks import HOOK_FIRST_PLANNED_ITER, casync_hook, hook_arguments, is_hook, parse_hook_variant
 from .ranks import RankError, RankLauncher, leave_without_teardown, run_ranks
 
 BASELINES: dict[str, str] = {
@@ -166,10 +166,11 @@ def _one_bucket_at_a_time(hook: Callable) -> Callable:
 
 
 def ddp_hook(variant: str, seed: int = 0, compute_threads: int = 1, cluster: Any = None,
-             **casync_options: Any) -> tuple[Any, Callable]:
+             strategies: Sequence[str] = (), **casync_options: Any) -> tuple[Any, Callable]:
     """``(state, hook)`` of a DDP row for ``ddp.register_comm_hook``: PyTorch's allreduce, fp16 or PowerSGD hook
     (PowerSGD seeded with ``seed``, one bucket at a time), casync's for ``ddp-casync:...`` (``compute_threads``,
-    ``cluster`` and ``casync_options`` go to its ``CasyncState``), or the hook without communication."""
+    ``cluster`` and ``casync_options`` go to its ``CasyncState``; an ``auto`` row chooses among the strategies of
+    the fixed hook rows' labels ``strategies``), or the hook without communication."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if variant == "ddp":
@@ -183,7 +184,7 @@ def ddp_hook(variant: str, seed: int = 0, compute_threads: int = 1, cluster: Any
                                             warm_start=True, random_seed=seed)
         return state, _annotated(_one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
     if is_hook(variant):
-        return casync_hook(variant, compute_threads, cluster, **casync_options)
+        return casync_hook(variant, compute_threads, cluster, strategies, **casync_options)
     if variant == NO_COMMUNICATION:
         return None, _annotated(_no_communication)
     raise ValueError(f"unknown DDP row {variant!r}; choose from {[b for b in BASELINES if b.startswith('ddp')]} "
@@ -250,6 +251,8 @@ def _rank_main(args: argparse.Namespace) -> None:
         views.append((offset, offset + n, shape))
         offset += n
     results: dict[str, Any] = {}
+    # an auto hook row chooses among the strategies of the run's fixed hook rows
+    hook_labels = [parse_hook_variant(v)[0] for v in args.variants.split(",") if is_hook(v)]
     for variant in args.variants.split(","):
         iters = args.iters
         warmup = args.warmup
@@ -284,7 +287,8 @@ def _rank_main(args: argparse.Namespace) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=BUCKET_BYTES / 2**20,
                                                             gradient_as_bucket_view=True)
             marks: list[tuple[str, float]] = []
-            state, hook = ddp_hook(variant, args.seed, args.compute_threads, cluster, **auto_profile(variant, profile))
+            state, hook = ddp_hook(variant, args.seed, args.compute_threads, cluster, hook_labels,
+                                   **auto_profile(variant, profile))
             payload = 2 * numel if variant == "ddp-fp16" else 0 if variant == NO_COMMUNICATION else payload
             powersgd = variant.startswith("ddp-powersgd")
             ddp.register_comm_hook(state, _timed_hook(hook, marks))

@@ -11,7 +11,7 @@ and for the times DDP hands the buckets over in the warm-up.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 HOOK_PREFIX = "ddp-casync"
 #: iterations before the hook runs its plan (DDP rebuilds its buckets in iteration 1; the plan starts at 2)
@@ -35,13 +35,14 @@ def parse_hook_variant(name: str) -> tuple[str, str]:
     return parts[1], parts[2]
 
 
-def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
+def hook_arguments(name: str, cluster: Any = None, strategies: Sequence[str] = ()) -> dict[str, Any]:
     """``CasyncState`` keyword arguments of a row (its strategy label's ``build_plan`` arguments, a ``.p<K>``
     partition count included, and codec); an ``auto`` row plans for ``cluster`` (a ``ClusterModel``; rows are
-    checked without one)."""
+    checked without one) among the strategies of the fixed hook rows ``strategies`` (their labels;
+    ``casync.bench.labels.auto_strategies``)."""
     from casync.primitives.codecs import get_codec
 
-    from .labels import AUTO_CODEC, label_arguments
+    from .labels import AUTO_CODEC, auto_strategies, label_arguments
 
     label, codec = parse_hook_variant(name)
     if "@" in label:
@@ -54,6 +55,7 @@ def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
                          "between it and none)")
     get_codec(None if codec == "none" else codec)  # validates, naming the registered codecs
     if args["strategy"] == "auto":
+        args.update(auto_strategies(strategies))
         args["codec"] = list(dict.fromkeys(["none", codec]))
         if cluster is not None:
             args["cluster"] = cluster
@@ -62,13 +64,14 @@ def hook_arguments(name: str, cluster: Any = None) -> dict[str, Any]:
     return args
 
 
-def casync_hook(name: str, compute_threads: int = 1, cluster: Any = None, **options: Any) -> tuple[Any, Any]:
+def casync_hook(name: str, compute_threads: int = 1, cluster: Any = None, strategies: Sequence[str] = (),
+                **options: Any) -> tuple[Any, Any]:
     """Inside a rank: the ``CasyncState`` and the hook of the row (the replica check off: it is not sync time),
     running ``compute_threads`` ops at once; ``cluster``: what an ``auto`` row plans for; ``options``: more
     ``CasyncState`` keyword arguments (error feedback, start_iter, the accuracy keepers)."""
     import casync.torch as ct
 
-    args = hook_arguments(name, cluster)
-    if args["strategy"] == "auto" and "cluster" not in args:
+    args = hook_arguments(name, cluster, strategies)
+    if parse_hook_variant(name)[0] == "auto" and "cluster" not in args:
         raise ValueError(f"{name!r}: an auto row plans for the setup's cluster model; none was given")
     return ct.CasyncState(**{"check_every": 0, "compute_threads": compute_threads, **args, **options}), ct.comm_hook

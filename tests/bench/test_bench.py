@@ -378,6 +378,14 @@ def test_auto_chooses_among_the_grids_fixed_strategies_and_codecs_from_the_model
     assert {b.strategy for b in simulated.buckets} == {"ring"}
     assert plan_arguments("auto", "onebit", ("none", "onebit"), ("ring", "allgather")) == {
         "strategy": ["ring", "allgather"], "partitions": "auto", "codec": ["none", "onebit"]}
+    # the DDP hook's auto row: among the run's fixed hook rows' strategies (the ranks read them off the row names)
+    from casync.bench.hooks import casync_hook, hook_arguments
+
+    assert hook_arguments("ddp-casync:auto:onebit", strategies=("ring", "auto")) == {
+        "strategy": ["ring"], "partitions": "auto", "codec": ["none", "onebit"]}
+    assert hook_arguments("ddp-casync:auto:onebit")["strategy"] == "auto"  # no fixed hook row: the planner's own
+    state = casync_hook("ddp-casync:auto:onebit", cluster=cluster, strategies=("ring", "ps-oneway"))[0]
+    assert state.options.strategy == ["ring", "ps"]
 
 
 @pytest.mark.parametrize("label", ["ring.8", "ring.p0", "ring.p08", "ring.px", "ring.p8.p4", "auto.p8"])
