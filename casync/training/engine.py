@@ -1,5 +1,5 @@
-"""Driver side of a Trainer on Ray: start the worker (and PS server) actors, form their process group,
-submit training steps, map failures to typed errors, keep the measured timeline.
+"""Driver side of a Trainer on Ray: start the worker (and PS server) actors (or restart them for a new run), form
+their process group, submit training steps, map failures to typed errors, keep the measured timeline.
 
 A step is a few calls per actor: every worker's ``train_step`` (its buckets go to its per-rank executor as
 backward fills them; payloads go actor to actor over the group), every actor's ``finish`` and every worker's
@@ -22,7 +22,7 @@ from ..engines.timeline import TimelineBuffer, op_rows
 from ..errors import SyncError
 from ..plan.syncplan import SyncPlan
 from ..runtime.data_plane import form_group
-from ..runtime.ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup
+from ..runtime.ray_layer import DEFAULT_CPUS_PER_ACTOR, ActorGroup, connect_ray
 from ..schedule import SECOND_PLAN_TRANSFERS, actor_shares
 from .dgc import step_codecs
 from .options import TrainOptions
@@ -49,6 +49,18 @@ class TrainEngine:
 
     def __init__(self, plan: SyncPlan, full_plan: SyncPlan | None, layout: list, fns: tuple, options: TrainOptions,
                  warmup: dict, address: str | None):
+        self._set_run(plan, full_plan, options, warmup)
+        cpus = self._cpus(plan, options)
+        self.group = ActorGroup(address, options.timeout_s, ping="ready", on_fail=self._discard,
+                                num_cpus=max(os.cpu_count() or 1, math.ceil(sum(cpus))))
+        try:
+            self._start_actors(cpus, layout, fns)
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_run(self, plan: SyncPlan, full_plan: SyncPlan | None, options: TrainOptions, warmup: dict) -> None:
+        """Take ``plan`` (and its full-precision twin) and ``options`` as this engine's run, with an empty timeline."""
         self.plan = plan
         self.options = options
         self.full_plan = full_plan
@@ -57,42 +69,81 @@ class TrainEngine:
         self.workers = [f"worker:{w}" for w in range(plan.workers)]
         self._timeline = TimelineBuffer()
         self._send_of = {n: next(iter(plan.graph.predecessors(n))) for n in plan.nodes(op="recv")}
-        cpus = [options.cpus_per_worker if Actor.parse(a).is_worker else DEFAULT_CPUS_PER_ACTOR for a in plan.actors]
-        self.group = ActorGroup(address, options.timeout_s, ping="ready", on_fail=self._discard,
-                                num_cpus=max(os.cpu_count() or 1, math.ceil(sum(cpus))))
-        try:
-            self._start_actors(cpus, layout, fns, warmup)
-        except BaseException:
-            self.close()
-            raise
+
+    @staticmethod
+    def _cpus(plan: SyncPlan, options: TrainOptions) -> list[float]:
+        """The CPUs each actor of ``plan`` reserves (its placement-group bundle)."""
+        return [options.cpus_per_worker if Actor.parse(a).is_worker else DEFAULT_CPUS_PER_ACTOR for a in plan.actors]
 
     @property
     def actors(self) -> dict[str, Any]:
         return self.group.handles
 
     # -- lifecycle -----------------------------------------------------------------------
-    def _start_actors(self, cpus: list[float], layout: list, fns: tuple, warmup: dict) -> None:
-        names = self.plan.actors
+    def _start_actors(self, cpus: list[float], layout: list, fns: tuple) -> None:
         self.group.place(cpus, self.options.placement, hint="lower cpus_per_worker or add nodes", owner="Trainer")
-        partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
-        shares = actor_shares(self.plan)
-        full_shares = actor_shares(self.full_plan, SECOND_PLAN_TRANSFERS) if self.full_plan else {}
         # Ray threads that only wait: finish() of a step while the next one computes
         worker_cls = ray.remote(concurrency_groups={SYNC_GROUP: 4})(TrainWorker)
         server_cls = ray.remote(concurrency_groups={SYNC_GROUP: 4})(StepSyncActor)
-        for index, name in enumerate(names):
+        for index, (name, args) in enumerate(self._actor_args(layout, fns).items()):
+            remote_cls = worker_cls if Actor.parse(name).is_worker else server_cls
+            self.group.start(name, remote_cls, index, cpus[index], *args)
+        self._form_data_plane()
+
+    def _actor_args(self, layout: list, fns: tuple) -> dict[str, tuple]:
+        """Each actor's constructor arguments for this engine's run (``TrainWorker``'s or ``StepSyncActor``'s)."""
+        partitions = {b.name: list(b.partitions) for b in self.plan.buckets}
+        shares = actor_shares(self.plan)
+        full_shares = actor_shares(self.full_plan, SECOND_PLAN_TRANSFERS) if self.full_plan else {}
+        out = {}
+        for name in self.plan.actors:
             mine = {False: shares[name], **({True: full_shares[name]} if name in full_shares else {})}
             actor = Actor.parse(name)
             if actor.is_worker:
-                self.group.start(name, worker_cls, index, cpus[index], name, actor.index, self.plan.workers, mine,
-                                 self.codecs, self.plan.seed, partitions, layout, fns, self.options, warmup,
-                                 layouts(self.plan), self.plan.nonfinite)
+                out[name] = (name, actor.index, self.plan.workers, mine, self.codecs, self.plan.seed, partitions, layout,
+                             fns, self.options, self.warmup, layouts(self.plan), self.plan.nonfinite)
             else:
-                self.group.start(name, server_cls, index, cpus[index], name, mine, self.codecs, self.plan.seed,
-                                 partitions, self.options.timeout_s, self.options.compute_threads)
+                out[name] = (name, mine, self.codecs, self.plan.seed, partitions, self.options.timeout_s,
+                             self.options.compute_threads)
+        return out
+
+    def _form_data_plane(self) -> None:
+        """Wait for every actor's set-up (model_fn and data_fn on the workers), then connect them for the run's
+        plans (``casync.runtime.data_plane``)."""
         self.get([a.ready.remote() for a in self.actors.values()], "starting the workers (model_fn, data_fn)")
         plans = [(self.plan, 0)] + ([(self.full_plan, SECOND_PLAN_TRANSFERS)] if self.full_plan else [])
         self.interfaces = form_group(self.actors, plans, self.options.transport, {}, self.get)
+
+    def restart(self, plan: SyncPlan, full_plan: SyncPlan | None, layout: list, fns: tuple, options: TrainOptions,
+                warmup: dict, address: str | None) -> None:
+        """Run a new training run on the actors already running (``Trainer.restart``): each process drops its run
+        and sets up as a fresh actor with these arguments would, and the data plane is formed afresh.
+
+        Refused before anything changes: a closed or failed engine (:class:`SyncError`), Ray shut down meanwhile
+        (:class:`SyncError`), an ``address`` of another cluster than this process runs on (``ValueError``), other
+        actors (``plan.actors``: as many workers and servers) or another placement (``cpus_per_worker``,
+        ``placement``), both ``ValueError``, and a dead actor (:class:`casync.WorkerLostError`).  A failure after
+        that (a worker's model_fn or data_fn raising, a fault while the data plane forms) leaves the engine
+        unusable, like a failed step."""
+        self.check_usable()
+        if not ray.is_initialized():
+            raise SyncError("Ray was shut down since this Trainer started: its actors are gone; build a new Trainer")
+        connect_ray(address)  # Ray is up: only refuses an address naming another cluster, as Trainer(...) would
+        if list(plan.actors) != list(self.plan.actors):
+            raise ValueError(f"restart runs on the same actors: this trainer has {', '.join(self.plan.actors)}, the "
+                             f"new run needs {', '.join(plan.actors)} (another worker or server count); build a new "
+                             "Trainer for it")
+        for name in ("cpus_per_worker", "placement"):
+            old, new = getattr(self.options, name), getattr(options, name)
+            if old != new:
+                raise ValueError(f"restart keeps the actors where they were placed: {name}={new!r} differs from "
+                                 f"this trainer's {old!r}; build a new Trainer for it")
+        self.get([a.pid.remote() for a in self.actors.values()], "checking the actors before restarting")
+        self._set_run(plan, full_plan, options, warmup)
+        self.group.timeout_s = float(options.timeout_s)
+        args = self._actor_args(layout, fns)
+        self.get([self.actors[name].restart.remote(*args[name]) for name in plan.actors], "restarting the actors")
+        self._form_data_plane()
 
     def start_at(self, step: int) -> None:
         """The step the actors' sync threads take next (after restoring a checkpoint)."""

@@ -211,6 +211,28 @@ class StepSyncActor(DataPlaneMember):
         for executor in self._executors.values():
             executor.channel.abort(reason)
 
+    def restart(self, *args: Any) -> None:
+        """Take a new run in this process (``Trainer.restart``): end this run's sync thread, drop everything of the
+        run (executors, open steps, residuals), leave the data plane, and run the constructor again with ``args``,
+        so that nothing of the old run survives that a fresh actor would not have.  The driver then forms the new
+        data plane (:meth:`connect`).  Called on an idle actor: a sync thread still in a step after the timeout is
+        a :class:`SyncError`."""
+        with self._cond:
+            self._broken = "restarting for a new run"
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(self._timeout_s)
+            if self._thread.is_alive():
+                raise SyncError(f"{self.name}: its sync thread is still in step {self._next} after "
+                                f"{self._timeout_s:.0f}s; it cannot restart")
+        self._drop_run()
+        self.leave()  # collects the dropped executors first: nothing holds a view of the old arenas after it
+        self.__init__(*args)
+
+    def _drop_run(self) -> None:
+        """Let go of what refers to the run's buffers and executors (before :meth:`leave` collects them)."""
+        self._executors, self._steps, self.residuals, self._previous = {}, {}, {}, None
+
     def get_residuals(self) -> dict[str, np.ndarray]:
         return self.residuals
 

@@ -3,6 +3,7 @@
     trainer = casync.Trainer(model_fn, optimizer_fn, loss_fn, data_fn, workers=4, codec="onebit")
     history = trainer.fit(steps=200)
     trainer.save("ckpt");  trainer = casync.Trainer.load("ckpt", model_fn, optimizer_fn, loss_fn, data_fn)
+    trainer.restart(model_fn, optimizer_fn, loss_fn, data_fn, workers=4, codec="topk")   # a new run, same actors
 """
 from __future__ import annotations
 
@@ -16,16 +17,13 @@ import torch
 from casync.primitives.codecs import Codec
 
 from ..engines.nonfinite import NonFiniteReport, raise_if_raising, voids_step
-from ..engines.state import EngineState
 from ..errors import NonFiniteGradientError, ReplicaMismatchError
-from ..build import build_plan
-from .checkpoint import read_checkpoint, write_checkpoint
-from .config import codec_from_json, codec_to_json, options_from_json, options_to_json
-from .dgc import check_no_momentum, dgc_codecs
+from .checkpoint import write_checkpoint
 from .engine import StepRefs, TrainEngine
-from .full_sync import is_full_sync, lossless_twin
-from .options import TRAIN_BUCKET_BYTES, TrainOptions
+from .full_sync import is_full_sync, lossless_twin  # noqa: F401 - lossless_twin: imported from here by tests
+from .options import TrainOptions
 from .records import History, StepRecord
+from .run import Run, check_restorable, checkpoint_arguments, prepare_run, split_options
 
 
 def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]]) -> float:
@@ -37,21 +35,6 @@ def _covered(start: float, end: float, intervals: Iterable[tuple[float, float]])
             total += b - a
             cursor = b
     return total
-
-
-def _check_same_model(path: str | Path, saved: dict[str, np.ndarray], model_fn: Callable) -> None:
-    """Refuse, before any actor starts, a checkpoint whose model state has other names or shapes than
-    ``model_fn``'s model."""
-    with torch.random.fork_rng():
-        model = model_fn() if callable(model_fn) else None
-    if not isinstance(model, torch.nn.Module):
-        return  # the constructor says what is wrong with model_fn
-    built = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    stored = {k: tuple(np.shape(v)) for k, v in saved.items()}
-    if built != stored:
-        diff = sorted(set(built.items()) ^ set(stored.items()))[:4]
-        raise ValueError(f"{path}: the checkpoint holds a different model than model_fn builds: (name, shape) "
-                         f"differ in {diff}")
 
 
 class Trainer:
@@ -89,61 +72,81 @@ class Trainer:
                  timeout_s: float = 120.0, torch_threads: int = 1, deterministic: bool = True,
                  cpus_per_worker: float = 1.0, placement: str = "spread", transport: str = "direct",
                  compute_threads: int = 1, progress: bool = True, **plan_options: Any):
-        for label, fn in (("model_fn", model_fn), ("optimizer_fn", optimizer_fn), ("loss_fn", loss_fn),
-                          ("data_fn", data_fn)):
-            if not callable(fn):
-                raise TypeError(f"{label} must be callable, got {type(fn).__name__}")
-        self.options = TrainOptions(
+        options = TrainOptions(
             seed=seed, momentum_correction=momentum_correction, momentum_masking=momentum_masking,
             warmup_steps=warmup_steps, warmup_start_ratio=warmup_start_ratio, delayed_update=delayed_update,
             full_sync_every=full_sync_every, check_every=check_every, timeout_s=timeout_s,
             torch_threads=torch_threads, deterministic=deterministic, cpus_per_worker=cpus_per_worker,
             placement=placement, transport=transport, compute_threads=compute_threads)
-        self.progress = bool(progress)
-        self._fns = (model_fn, optimizer_fn, loss_fn, data_fn)
-        plan_options = dict(plan_options)
-        plan_options.setdefault("bucket_bytes", TRAIN_BUCKET_BYTES)
-        probe = self._probe(model_fn, optimizer_fn)
-        self.plan = build_plan(probe, workers=workers, strategy=strategy, codec=codec, seed=seed, **plan_options)
-        warmup = self._codec_options()
-        full_plan = lossless_twin(self.plan) if self.options.full_sync_every else None
-        self._config = self._json_config(workers, strategy, codec, plan_options)
-        layout = [(m.spec.name, m.spec.shape, b.name, m.offset) for b in self.plan.buckets for m in b.members]
-        self.step = 0
-        self.history = History()
-        self._pending: StepRefs | None = None
-        self._engine = TrainEngine(self.plan, full_plan, layout, self._fns, self.options, warmup, address)
+        run = prepare_run(model_fn, optimizer_fn, loss_fn, data_fn, workers, strategy, codec, options, progress,
+                          plan_options)
+        self._take(run)
+        self._engine = TrainEngine(run.plan, run.full_plan, run.layout, run.fns, run.options, run.warmup, address)
         try:
             self.check_replicas()  # model_fn must build the same model on every worker
         except BaseException:
             self.close()
             raise
 
-    # -- construction helpers ------------------------------------------------------------------
-    def _probe(self, model_fn: Callable, optimizer_fn: Callable) -> torch.nn.Module:
-        """Build the model once on the driver (for the plan) and check what the functions return."""
-        with torch.random.fork_rng():
-            torch.manual_seed(self.options.seed)
-            model = model_fn()
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model_fn must return a torch.nn.Module, got {type(model).__name__}")
-        optimizer = optimizer_fn(model.parameters())
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer_fn must return a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if self.options.momentum_correction is not None:
-            check_no_momentum(optimizer, "optimizer_fn's optimizer")
-        return model
+    def _take(self, run: Run) -> None:
+        """Make ``run`` this trainer's, at step 0 with an empty history."""
+        self.options, self.progress, self.plan = run.options, run.progress, run.plan
+        self._fns, self._config = run.fns, run.config
+        self.step = 0
+        self.history = History()
+        self._pending: StepRefs | None = None
 
-    def _codec_options(self) -> dict[str, Codec]:
-        """Check the DGC options against the plan's codecs; returns the codecs the warm-up thins out."""
-        return dgc_codecs(self.plan, self.options.momentum_masking, self.options.warmup_steps)
+    # -- a new run on the same actors ------------------------------------------------------------
+    def restart(self, model_fn: Callable[[], torch.nn.Module], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
+                loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], data_fn: Callable[[int, int], Iterable],
+                workers: int = 4, strategy: str | list = "ring", codec: str | tuple | Codec | list | None = "onebit",
+                address: str | None = None, *, progress: bool = True, **options: Any) -> "Trainer":
+        """Start a new training run on this trainer's actors: afterwards the trainer is what
+        ``Trainer(model_fn, optimizer_fn, loss_fn, data_fn, workers, strategy, codec, address, **options)`` builds
+        (the same arguments and defaults; bit-identical training), without starting actors.  Returns ``self``.
 
-    def _json_config(self, workers: int, strategy: Any, codec: Any, plan_options: dict[str, Any]) -> dict[str, Any]:
-        """What ``load`` needs to rebuild this trainer (a ClusterModel or Profile saved as a dict); options that
-        are not JSON otherwise are left out and must be passed to ``load`` again."""
-        kept, dropped = options_to_json(plan_options)
-        return {"workers": workers, "strategy": strategy, "codec": codec_to_json(codec), "plan_options": kept,
-                "not_saved": dropped, "options": self.options.to_dict()}
+        Kept: the actor processes, their placement and CPUs, and the Ray they run on.  Rebuilt: everything else —
+        on every actor, as a fresh one (its constructor runs again): replica, optimizer, data shard, RNG states,
+        executors, error-feedback residuals, momentum buffers; the data plane (new shared memory, sockets, process
+        group); on the driver the plan, step 0, an empty history and timeline.  Nothing of the previous run is
+        kept: ``save()`` it first if you need it.
+
+        Refused before anything changes (the trainer goes on as it was): what the constructor refuses (bad
+        functions or options: ``TypeError``/``ValueError``); a closed or failed trainer (:class:`casync.SyncError`);
+        another worker or server count, ``cpus_per_worker`` or ``placement`` (``ValueError``: the actors and their
+        reservations stay those of a fresh trainer); an ``address`` of another Ray cluster (``ValueError``); a dead
+        actor (:class:`casync.WorkerLostError`).  A failure after that (model_fn or data_fn raising on a worker,
+        replicas that start different, a fault while the data plane forms) leaves the trainer unusable, as a
+        failed step does: ``close()`` it."""
+        train, plan_options = split_options(options)
+        run = prepare_run(model_fn, optimizer_fn, loss_fn, data_fn, workers, strategy, codec, TrainOptions(**train),
+                          progress, plan_options)
+        self._restart(run, address)
+        return self
+
+    def resume(self, path: str | Path, model_fn: Callable, optimizer_fn: Callable, loss_fn: Callable,
+               data_fn: Callable, **overrides: Any) -> "Trainer":
+        """:meth:`load` on this trainer's actors: afterwards the trainer is what ``Trainer.load(path, model_fn,
+        optimizer_fn, loss_fn, data_fn, **overrides)`` returns (continuing it is bit-identical), without starting
+        actors.  Returns ``self``.  Kept, rebuilt and refused as by :meth:`restart`; a checkpoint that ``load``
+        refuses (missing, corrupted, of another model or worker count, a residual the plan lacks) is refused
+        before anything changes too."""
+        ck, kwargs = checkpoint_arguments(path, model_fn, overrides)
+        address = kwargs.pop("address", None)
+        workers, strategy, codec = kwargs.pop("workers"), kwargs.pop("strategy"), kwargs.pop("codec")
+        progress = kwargs.pop("progress", True)
+        train, plan_options = split_options(kwargs)
+        run = prepare_run(model_fn, optimizer_fn, loss_fn, data_fn, workers, strategy, codec, TrainOptions(**train),
+                          progress, plan_options)
+        check_restorable(ck, run.plan, run.options)
+        self._restart(run, address)
+        self._restore(ck)
+        return self
+
+    def _restart(self, run: Run, address: str | None) -> None:
+        self._engine.restart(run.plan, run.full_plan, run.layout, run.fns, run.options, run.warmup, address)
+        self._take(run)
+        self.check_replicas()
 
     # -- training --------------------------------------------------------------------------------
     @property
@@ -370,16 +373,7 @@ class Trainer:
         (bit-identical under the deterministic settings).  ``overrides``: constructor arguments to change
         (``address``, ``progress``, ``timeout_s``; planner inputs a checkpoint cannot hold: not JSON, nor a
         ClusterModel or Profile)."""
-        ck = read_checkpoint(path)
-        _check_same_model(path, ck.model, model_fn)
-        config = ck.config
-        missing = [key for key in config.get("not_saved", []) if key not in overrides]
-        if missing:  # re-planning without them would build another plan, and fail later on its residuals
-            raise ValueError(f"{path}: the saved trainer's plan was built with {', '.join(f'{k}=' for k in missing)}, "
-                             "which a checkpoint does not hold; pass the same to Trainer.load again")
-        kwargs = dict(config["options"], workers=config["workers"], strategy=config["strategy"],
-                      codec=codec_from_json(config["codec"]), **options_from_json(config["plan_options"], str(path)))
-        kwargs.update(overrides)
+        ck, kwargs = checkpoint_arguments(path, model_fn, overrides)
         trainer = cls(model_fn, optimizer_fn, loss_fn, data_fn, **kwargs)
         try:
             trainer._restore(ck)
@@ -392,13 +386,7 @@ class Trainer:
         import ray
 
         engine = self._engine
-        if len(ck.workers) != self.plan.workers:
-            raise ValueError(f"the checkpoint holds {len(ck.workers)} workers' state; this trainer has "
-                             f"{self.plan.workers} workers")
-        EngineState.from_dict(self.plan, {"version": 1, "step": ck.step, "workers": self.plan.workers,
-                                          "residuals": ck.residuals})  # validates every residual against the plan
-        if ck.pending_step is not None and not self.options.delayed_update:
-            raise ValueError("the checkpoint holds a delayed update in flight; load it with delayed_update=True")
+        check_restorable(ck, self.plan, self.options)
         owner = {a["ef_key"]: a["actor"] for _, a in self.plan.graph.nodes(data=True) if a["op"] == "encode" and a["ef"]}
         by_actor: dict[str, dict[str, np.ndarray]] = {name: {} for name in engine.actors}
         for key, value in ck.residuals.items():
