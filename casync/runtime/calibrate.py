@@ -93,10 +93,13 @@ def _predicted_op_s(graph: Any, node: Any, profile: Profile, handed: dict[Any, s
 def _add_op_time(totals: dict[str, list[float]], row: dict[str, Any], graph: Any, profile: Profile,
                  handed: dict[Any, str]) -> None:
     """Add a compute op's measured seconds (its CPU where recorded, else its wall) and its profiled seconds to
-    the totals of its kind (``merge``, or ``<op>:<codec name>``).  A merge its encode computes
+    the totals of its kind (``merge``, or ``<op>:<codec name>``; a decode handed to its merge, whose work the
+    executor does in the merge, and that merge: ``merge:<codec name>``).  A merge its encode computes
     (``casync.sim.optable.folded_merge``) counts with that encode, whose record carries its work."""
     attrs = graph.nodes[row["node"]]
-    if row["op"] != "merge":
+    if row["op"] == "decode":  # one handed to its merge is done in the merge: counted with the merge's kind
+        key = scale_key("merge" if row["node"] in handed else "decode", attrs["codec"])
+    elif row["op"] != "merge":
         key = scale_key(row["op"], attrs["codec"])
     elif folded_merge(graph, row["node"], attrs):
         key = scale_key("encode", graph.nodes[next(iter(graph.successors(row["node"])))]["codec"])

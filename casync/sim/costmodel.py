@@ -100,7 +100,9 @@ class RuntimeCosts:
     compute_scale: float
     task_gap_s: float
     hop: LinearCost
-    op_scale: dict[str, float] = field(default_factory=dict)  # "encode:onebit", "decode:topk", "merge" -> scale
+    #: "encode:onebit", "decode:topk", "merge:topk" (a merge adding a codec's decodes itself, and those decodes:
+    #: the executor does their work in the merge), "merge" -> scale
+    op_scale: dict[str, float] = field(default_factory=dict)
     dispatch_s: float = 0.0  # driver + raylet CPU seconds per task, on the head node's cores
     samples: dict[str, int] = field(default_factory=dict, compare=False)
     remote_hop: LinearCost | None = None  # between nodes, beyond the wire (None: as ``hop``)
@@ -218,7 +220,7 @@ class Profile:
         """A sparsifier's decode handed to its merge (``casync.primitives.merge.Sparse``): its entries, and adding
         them into the merge's sum.  Profiles without an ``entries`` cost price it as a whole decode."""
         entry = self._codec_entry(codec_key)
-        return entry.get("entries", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
+        return entry.get("entries", entry["decode"])(n) * self._scale(runtime, "merge", codec_key)
 
     def shared_s(self, codec_key: str, n: int, runtime: bool = True) -> float:
         """A decode that is no output, which the executor runs as ``Codec.decode_shared``: the identity hands out
@@ -237,7 +239,7 @@ class Profile:
         the merge is then charged one accumulator pass plus its dense inputs.  Profiles without a ``deferred``
         cost price it as a whole decode, and the merge charges it as a dense input."""
         entry = self._codec_entry(codec_key)
-        return entry.get("deferred", entry["decode"])(n) * self._scale(runtime, "decode", codec_key)
+        return entry.get("deferred", entry["decode"])(n) * self._scale(runtime, "merge", codec_key)
 
     def merge_s(self, n: int, inputs: int, runtime: bool = True, codec_key: str = "") -> float:
         """A merge of ``inputs`` dense passes of ``n`` elements; ``codec_key``: the codec whose decodes it adds
