@@ -23,9 +23,6 @@ Micro-benchmarks (``casync.profile``) time each op alone, warm, best of several 
 """
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import math
 import os
 import statistics
 import time
@@ -39,8 +36,10 @@ from casync.primitives.ir import COMPUTE_OPS
 from ..engines.memory import WARMUP_SYNCS
 from ..plan.syncplan import SyncPlan
 from ..schedule import Program, compile_program
-from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts, copy_kind, scale_key
+from ..sim.costmodel import ClusterModel, LinearCost, Profile, RuntimeCosts, scale_key
 from ..sim.optable import KINDS, cost_key, folded_merge, handed_decodes, op_seconds
+from .backward import measure_backward_cores
+from .thread_cpu import fit_thread_cpu
 
 
 @dataclass
@@ -243,79 +242,6 @@ def fit_direct_runtime(runs: Iterable[tuple[SyncPlan, Sequence[Sequence[dict[str
                         transport=transport, backward_cores=backward_cores)
 
 
-def fit_thread_cpu(runs: Sequence[tuple[SyncPlan, Sequence[Sequence[dict[str, Any]]]]],
-                   process_cpu: Sequence[Mapping[str, float]], op_gap_s: float = 0.0,
-                   cluster: ClusterModel | None = None, transport: str = "direct"
-                   ) -> tuple[float, float, dict[str, float]]:
-    """``(per_sync_s, per_message_s, copy_cpu)``: the CPU the actors' processes spend beyond their compute ops, per
-    actor and sync, per message sent, and per byte sent by what it goes through (``copy_cpu``: ``{"shm": s/byte,
-    "gloo": ...}``, :func:`casync.sim.costmodel.copy_kind` of ``transport`` within a node or between the nodes of
-    ``cluster``; default: all on one node).
-
-    One sample per run and actor: *other* = process CPU per sync − its compute ops' own CPU (their records'
-    ``cpu``) − the executor's ``op_gap_s`` per compute op, against 1, the messages and the bytes of each kind it
-    sends per sync; the costs by non-negative least squares.  They are told apart only where the runs differ in
-    messages per sync and in bytes per message (the default calibration's strategies and codecs do); where they
-    do not, the fit still reproduces the runs, split among them arbitrarily.
-    """
-    if len(process_cpu) != len(runs):
-        raise ValueError(f"process_cpu has {len(process_cpu)} entries for {len(runs)} runs")
-    rows, other = [], []
-    kinds: list[str] = []
-    samples: list[tuple[float, float, dict[str, float]]] = []
-    for (plan, steps), cpu in zip(runs, process_cpu):
-        for actor, seconds in cpu.items() if steps else ():
-            ops = [r for rows_ in steps for r in rows_ if r["actor"] == actor]
-            compute = [r for r in ops if r["op"] in COMPUTE_OPS]
-            sends = [r for r in ops if r["op"] == "send"]
-            if not sends:
-                continue
-            own = sum(r.get("cpu") or 0.0 for r in compute) + op_gap_s * len(compute)
-            by_kind: dict[str, float] = {}
-            for r in sends:
-                kind = copy_kind(transport, _same_node(plan, r, cluster))
-                by_kind[kind] = by_kind.get(kind, 0.0) + r["nbytes"] / len(steps)
-                if kind not in kinds:
-                    kinds.append(kind)
-            samples.append((len(sends) / len(steps), max(0.0, seconds - own / len(steps)), by_kind))
-    if not samples:
-        raise ValueError("no messages in the measured runs: cannot fit the data plane's CPU per message")
-    for messages, spent, by_kind in samples:
-        rows.append((1.0, messages, *(by_kind.get(k, 0.0) for k in kinds)))
-        other.append(spent)
-    sync, per_message, *copies = _nonnegative_lstsq(np.array(rows, float), np.array(other, float))
-    return sync, per_message, dict(zip(kinds, copies))
-
-
-def _same_node(plan: SyncPlan | None, row: dict[str, Any], cluster: ClusterModel | None) -> bool:
-    """Whether a send record's message stays on its node (its peer from the record, else the plan's node)."""
-    if cluster is None:
-        return True
-    peer = row.get("peer")
-    if peer is None and plan is not None and row.get("node") in plan.graph:
-        peer = plan.graph.nodes[row["node"]].get("peer")
-    return peer is None or cluster.node_of(row["actor"]) == cluster.node_of(peer)
-
-
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> list[float]:
-    """Least squares with every coefficient >= 0: the best unconstrained fit over each subset of columns
-    (a handful of columns: exact, no solver needed)."""
-    best: tuple[float, list[float]] = (math.inf, [0.0] * x.shape[1])
-    for used in itertools.product((False, True), repeat=x.shape[1]):
-        cols = [i for i, u in enumerate(used) if u]
-        coef = [0.0] * x.shape[1]
-        if cols:
-            sol = np.linalg.lstsq(x[:, cols], y, rcond=None)[0]
-            if np.any(sol < 0):
-                continue
-            for i, v in zip(cols, sol):
-                coef[i] = float(v)
-        err = float(np.sum((y - x @ np.array(coef)) ** 2))
-        if err < best[0] - 1e-18 * max(1.0, float(np.dot(y, y))):
-            best = (err, coef)
-    return best[1]
-
-
 #: Remote hops whose payload needs at most this long on the link fit the constant between-node latency:
 #: larger payloads share the link with others in flight, and that queueing is the simulator's to model.
 REMOTE_FIT_MAX_WIRE_S = 0.01
@@ -490,49 +416,6 @@ def measure_dispatch(iters: int = 20, tensors: int = 48, workers: int = 2) -> fl
     return max(0.0, (after - before) / (iters * tasks))
 
 
-#: the backward measured by :func:`measure_backward_cores`: a small convolutional network's, as the bench's ranks run
-#: theirs (one intra-op thread: ``casync.bench.baselines``, ``casync.torch.engine``)
-_BACKWARD_PROBE = """
-import sys, time, torch
-torch.set_num_threads(int(sys.argv[1]))
-torch.manual_seed(0)
-net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3, padding=1),
-                          torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(32 * 32 * 32, 10))
-x = torch.randn(16, 3, 32, 32)
-def step():
-    net.zero_grad(set_to_none=True)
-    loss = net(x).square().mean()
-    wall, cpu = time.perf_counter(), time.process_time()
-    loss.backward()
-    return time.perf_counter() - wall, time.process_time() - cpu
-step()
-wall = cpu = 0.0
-while wall < float(sys.argv[2]):
-    w, c = step()
-    wall, cpu = wall + w, cpu + c
-print(cpu / wall)
-"""
-
-
-def measure_backward_cores(seconds: float = 0.5, threads: int = 1, timeout_s: float = 60.0) -> float:
-    """Cores a backward pass keeps busy while it runs: its process's CPU seconds over the wall seconds of backward
-    passes of a small convolutional network with ``threads`` intra-op threads (what the bench's DDP ranks run),
-    about ``seconds`` of them, in a child process (torch is never imported here).  0.0 where torch is not
-    installed: the simulator then charges no backward.  On a loaded machine it comes out below the threads: the
-    backward gets less of the cores, as it would beside the sync."""
-    import subprocess
-    import sys
-
-    if importlib.util.find_spec("torch") is None:
-        return 0.0
-    done = subprocess.run([sys.executable, "-c", _BACKWARD_PROBE, str(threads), str(seconds)], capture_output=True,
-                          text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring the backward's cores failed (exit {done.returncode}): "
-                           f"{done.stderr.strip()[-500:]}")
-    return max(0.0, float(done.stdout.strip().splitlines()[-1]))
-
-
 def sync_span(rows: Sequence[dict[str, Any]]) -> float:
     """Measured sync time of one step: first op after the gradient load to the last op's end."""
     return max(r["end"] for r in rows) - min(r["start"] for r in rows if r["op"] != "load")
@@ -572,6 +455,5 @@ def calibrate_ray(plans: Iterable[SyncPlan] | None = None, profile: Profile | No
 
 
 __all__ = ["CALIBRATION_CONFIGS", "MeasuredRun", "TaskSpan", "calibrate_ray", "calibration_plans",
-           "calibration_tensors", "fit_direct_runtime", "fit_runtime", "fit_thread_cpu", "measure_backward_cores",
-           "measure_dispatch",
+           "calibration_tensors", "fit_direct_runtime", "fit_runtime", "fit_thread_cpu", "measure_dispatch",
            "measure_run", "measure_runs", "measure_timelines", "sync_span", "task_spans"]
