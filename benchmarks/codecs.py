@@ -2,7 +2,8 @@
 
     python benchmarks/codecs.py [--sizes 1000000 25000000] [--repeat 7] [--codecs topk onebit]
 
-Throughput is GB/s of float32 input (4n bytes / seconds), best of ``--repeat``
+"EF (auto)" is the error feedback ``error_feedback="auto"`` gives the codec (``casync.primitives.feedback``: off,
+plain, or on its contractive version).  Throughput is GB/s of float32 input (4n bytes / seconds), best of ``--repeat``
 runs (the best run is the least disturbed one on a shared machine).  "x copy"
 divides by the throughput of ``np.copyto`` into a preallocated array of the same
 size, measured in the same run.  Data is standard-normal float32.  ``none``
@@ -25,6 +26,7 @@ try:  # the engines' processes have torch loaded, and fp16 casts through it ther
     import torch  # noqa: F401,E402
 except ImportError:
     pass
+from casync.primitives import feedback  # noqa: E402
 from casync.primitives.codecs import available_codecs, get_codec, payload_nbytes  # noqa: E402
 from casync.primitives.codecs.sparse import forget_random_indices  # noqa: E402
 
@@ -52,7 +54,7 @@ def bench(names: list[str], sizes: list[int], repeat: int) -> list[dict]:
             t_dec = best_time(lambda: codec.decode(payload, n), repeat, before=forget_random_indices)
             size_rows.append(
                 {"codec": str(codec), "n": n, "ratio": 4 * n / payload_nbytes(payload),
-                 "enc_s": t_enc, "dec_s": t_dec}
+                 "ef": feedback.kind(codec, feedback.resolve(codec, "auto")), "enc_s": t_enc, "dec_s": t_dec}
             )
         t_copy = min(t_copy, copy_time(x, repeat))  # copy again: keep the undisturbed figure
         for r in size_rows:
@@ -67,18 +69,19 @@ def _num(v: float, width: int) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'codec':<20}{'n':>11}{'ratio':>8}{'enc GB/s':>10}{'x copy':>9}{'dec GB/s':>10}{'x copy':>9}"
+    head = (f"{'codec':<38}{'n':>11}{'ratio':>8}{'EF (auto)':>12}{'enc GB/s':>10}{'x copy':>9}{'dec GB/s':>10}"
+            f"{'x copy':>9}")
     lines = [head, "-" * len(head)]
     last_n = None
     for r in rows:
         n = r["n"]
         gbs = lambda t: 4 * n / t / 1e9  # noqa: E731
         if n != last_n:
-            lines.append(f"{'np.copyto':<20}{n:>11}{'':>8}{_num(gbs(r['copy_s']), 10)}{_num(1, 9)}")
+            lines.append(f"{'np.copyto':<38}{n:>11}{'':>8}{'':>12}{_num(gbs(r['copy_s']), 10)}{_num(1, 9)}")
             last_n = n
         enc, dec = r["enc_s"], r["dec_s"]
         lines.append(
-            f"{r['codec']:<20}{n:>11}{r['ratio']:>8.1f}"
+            f"{r['codec']:<38}{n:>11}{r['ratio']:>8.1f}{r.get('ef', '?'):>12}"
             f"{_num(gbs(enc), 10)}{_num(r['copy_s'] / enc, 9)}{_num(gbs(dec), 10)}{_num(r['copy_s'] / dec, 9)}"
         )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from casync.strategies import available_strategies
 
@@ -250,14 +251,34 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_codecs(args: argparse.Namespace) -> int:
-    from casync.primitives.codecs import available_codecs, get_codec
+    from casync.primitives import feedback
+    from casync.primitives.codecs import ALIASES, available_codecs, get_codec
+    from casync.sim.costmodel import Profile
 
+    profile, n = Profile.default(), 1 << 20
+
+    def gbs(seconds: float | None) -> float | str:  # GB/s of float32 input at 1M elements, by the packaged profile
+        return "-" if seconds is None else round(4 * n / seconds / 1e9, 2)
+
+    def priced(cost: Callable[..., float], key: str) -> float | None:
+        try:
+            return cost(key, n, runtime=False)
+        except KeyError:  # the packaged profile does not price it
+            return None
+
+    aliases: dict[str, list[str]] = {}
+    for alias, name in ALIASES.items():
+        aliases.setdefault(name, []).append(alias)
     rows = []
     for name in available_codecs():
         c = get_codec(name)
-        rows.append([name, "yes" if c.lossless else "no", "yes" if c.sparse else "no",
-                     round(c.compression_ratio(1 << 20), 1), ", ".join(f"{k}={v}" for k, v in c.params().items())])
-    print(format_table(["codec", "lossless", "sparse", "ratio@1M", "default params"], rows))
+        ef = feedback.kind(c, feedback.resolve(c, "auto"))
+        key = str(c)
+        rows.append([name, round(c.compression_ratio(n), 1), ef + (", votes" if c.votes else ""),
+                     gbs(priced(profile.encode_s, key)), gbs(priced(profile.decode_s, key)),
+                     ", ".join(f"{k}={v}" for k, v in c.params().items()), ", ".join(aliases.get(name, []))])
+    print(format_table(["codec", "ratio@1M", "error feedback (auto)", "enc GB/s@1M", "dec GB/s@1M", "default params",
+                        "aliases"], rows))
     return 0
 
 

@@ -227,3 +227,17 @@ def test_signsgd_is_refused_where_the_vote_is_not_exact_naming_the_strategy(kw):
 def test_signsgd_refuses_error_feedback():
     with pytest.raises(ValueError, match="error_feedback=True with codec 'signsgd'"):
         casync.build_plan(SHAPES, workers=2, strategy="ps", servers=1, codec="signsgd", error_feedback=True)
+
+
+def test_casync_codecs_lists_every_codec_with_its_ratio_error_feedback_throughput_and_aliases(capsys):
+    from casync.cli import main
+    from casync.primitives.codecs import available_codecs
+
+    assert main(["codecs"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    assert set(rows) == set(available_codecs())
+    assert rows["signsgd"][1:4] == ["32", "off,", "votes"] and rows["dithering"][1:3] == ["4", "contractive"]
+    assert rows["onebit"][-1] == "efsignsgd" and rows["natural"][2] == "plain"
+    for name, row in rows.items():  # every codec is priced by the packaged profile: enc and dec GB/s
+        cells = row[3:5] if name != "signsgd" else row[4:6]
+        assert all(float(c) > 0 for c in cells), (name, row)
