@@ -1,6 +1,6 @@
 """``Trainer.restart`` and ``Trainer.resume``: a new run on a trainer's running actors is, bit for bit, the run a fresh
-``casync.Trainer`` (``Trainer.load``) with the same arguments makes — parameters, history and checkpoint — across
-options that change the plan, the model, the data plane and the workers' settings; what cannot be done on the
+``casync.Trainer`` with the same arguments makes — parameters, history and checkpoint — across options that change
+the plan, the model, the data plane and the workers' settings; a resumed checkpoint goes on as the run that saved it; what cannot be done on the
 running actors is refused before anything changes; restarts leak no threads, file descriptors, shared memory or
 reserved CPUs."""
 from __future__ import annotations
@@ -119,14 +119,17 @@ def test_a_restarted_trainer_trains_bit_for_bit_as_a_fresh_one(pool, name, tmp_p
         assert got[0][0].density == pytest.approx(0.25) and got[0][-1].density == pytest.approx(0.05)
 
 
-def test_resume_on_the_running_actors_continues_as_load_does(pool, tmp_path):
-    """``resume`` after a restart with other settings: the checkpoint's run comes back on the same actors, and continues
-    as ``Trainer.load`` continues it; a checkpoint the run cannot take is refused with the trainer untouched."""
+def test_resume_on_the_running_actors_continues_the_saved_run_bit_for_bit(pool, tmp_path):
+    """``resume`` after a restart with other settings: the checkpoint's run comes back on the same actors and goes on
+    exactly as the run that saved it did (what ``Trainer.load`` guarantees); a checkpoint the run cannot take is
+    refused with the trainer untouched."""
     fns, kw = RUNS["delayed"]
     path = tmp_path / "ckpt"
     pool.restart(*fns, **BASE, **kw)
     pool.fit(steps=SAVE_AT)
-    pool.save(path)
+    pool.save(path)  # a delayed update in flight
+    tail = pool.fit(steps=2)
+    want = {k: v.detach().clone() for k, v in pool.model().state_dict().items()}
     pool.restart(*RUNS["dgc"][0], **BASE, **RUNS["dgc"][1])
     pool.fit(steps=1)
     with pytest.raises(ValueError, match="delayed update in flight; load it with delayed_update=True"):
@@ -136,12 +139,9 @@ def test_resume_on_the_running_actors_continues_as_load_does(pool, tmp_path):
     assert pool.step == 1 and "topk" in str(pool.plan.buckets[0].codec)  # refused: the dgc run goes on
     pool.fit(steps=1)
     assert pool.resume(path, *fns, progress=False) is pool and pool.step == SAVE_AT
-    tail = pool.fit(steps=2)
-    got = {k: v.detach().clone() for k, v in pool.model().state_dict().items()}
-    with casync.Trainer.load(path, *fns, progress=False) as loaded:
-        want_tail = loaded.fit(steps=2)
-        want = loaded.model().state_dict()
-    assert [r.loss for r in tail] == [r.loss for r in want_tail] and [r.step for r in tail] == [3, 4]
+    resumed = pool.fit(steps=2)
+    got = pool.model().state_dict()
+    assert [r.step for r in resumed] == [3, 4] and [r.loss for r in resumed] == [r.loss for r in tail]
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
@@ -165,7 +165,7 @@ def test_restarts_leak_no_threads_descriptors_shared_memory_or_cpus(pool):
     free = ray.available_resources().get("CPU")
     before, names = _resources(pool)
     assert names == []  # every arena name is unlinked once mapped
-    for _ in range(3):
+    for _ in range(2):
         pool.restart(*RUNS["dgc"][0], **BASE, **RUNS["dgc"][1])
         pool.fit(steps=2)
         pool.restart(*fns, **BASE, **kw)
@@ -211,17 +211,10 @@ def test_what_the_running_actors_cannot_do_is_refused_before_anything_changes(po
     assert [r.step for r in pool.fit(steps=1)] == [2]  # the run goes on
 
 
-@pytest.fixture
-def doomed(ray_local):
-    """A trainer of its own, for the refusals that leave a trainer unusable."""
-    trainer = casync.Trainer(*FIRST, codec="onebit", **BASE)
-    yield trainer
-    trainer.close()
-
-
-def test_a_dead_worker_a_failed_or_closed_trainer_is_refused_with_typed_errors(doomed):
+def test_a_dead_worker_a_failed_or_closed_trainer_is_refused_with_typed_errors(pool):
+    """The module's last test: it kills one of the pool's workers."""
     kw = dict(BASE, codec="onebit")
-    victim = doomed._engine.actors["worker:1"]
+    victim = pool._engine.actors["worker:1"]
     ray.kill(victim, no_restart=True)
     for _ in range(300):  # until Ray reports it dead
         try:
@@ -230,9 +223,9 @@ def test_a_dead_worker_a_failed_or_closed_trainer_is_refused_with_typed_errors(d
             break
         time.sleep(0.1)
     with pytest.raises(casync.WorkerLostError, match=r"checking the actors before restarting: actor\(s\) \['worker:1'\]"):
-        doomed.restart(*FIRST, **kw)
+        pool.restart(*FIRST, **kw)
     with pytest.raises(casync.SyncError, match="unusable after an earlier failure"):
-        doomed.restart(*FIRST, **kw)
-    doomed.close()
+        pool.restart(*FIRST, **kw)
+    pool.close()
     with pytest.raises(casync.SyncError, match="closed"):
-        doomed.restart(*FIRST, **kw)
+        pool.restart(*FIRST, **kw)
