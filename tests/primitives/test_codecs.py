@@ -30,8 +30,7 @@ from tests.primitives.test_grace_codecs import CHECKS as GRACE_CHECKS
 #: Parameters for the registered codecs that take some; the rest use defaults.
 SPECS = {"topk": "topk:ratio=0.1", "randomk": "randomk:ratio=0.1", "tbq": "tbq:threshold=0.5"}
 #: Extra settings that take other code paths (int16 levels, k == n, dense random-k, ...).
-EXTRA = ["qsgd:levels=1", "qsgd:levels=1000", "topk:ratio=1", "topk:ratio=0.003", "randomk:ratio=0.5",
-         "dithering:levels=6,partition=natural"]
+EXTRA = ["qsgd:levels=1", "qsgd:levels=1000", "topk:ratio=1", "topk:ratio=0.003", "randomk:ratio=0.5"]
 CODECS = [get_codec(SPECS.get(name, name)) for name in available_codecs()] + [get_codec(s) for s in EXTRA]
 RANDOMIZED = {"terngrad", "qsgd", "randomk", "natural", "dithering"}
 

@@ -75,7 +75,7 @@ def test_plain_error_feedback_diverges_for_terngrad():
     assert time_averaged_error(contractive, grads, steps=100) < 0.1
 
 
-@pytest.mark.parametrize("name", ["terngrad", "qsgd"])
+@pytest.mark.parametrize("name", ["terngrad", "qsgd", "dithering:levels=2"])
 def test_contractive_version_scales_the_unbiased_codec(name):
     """encode_contractive decodes to C(x) / (1 + omega): same bytes, mean lambda * x, E||x - C'||^2 < ||x||^2."""
     codec = get_codec(name)

@@ -157,7 +157,12 @@ def test_dithering_rounds_to_the_levels_around_x_over_its_maximum():
                       for seed in range(4000)])
     assert [sorted(set(draws[:, i])) for i in range(4)] == [[4], [2, 4], [1, 2], [0, 1]]
     np.testing.assert_allclose(draws.mean(0), [4, 3, 1.5, 0.4], rtol=0.03)
-    assert get_codec("dithering:levels=8,partition=natural").compressed_nbytes(10) == 2 * 10 + 4  # L = 128: int16
+    for spec in ("dithering:levels=6,partition=natural", "dithering:levels=8,partition=natural"):  # L = 128: int16
+        codec, x = get_codec(spec), np.random.default_rng(1).standard_normal(5000).astype(np.float32)
+        payload = codec.encode(x, 3)
+        assert payload["levels"].dtype == (np.int8 if codec.top <= 127 else np.int16)
+        assert sum(a.nbytes for a in payload.values()) == codec.compressed_nbytes(5000)
+        check_dithering(codec, x, payload, codec.decode(payload, 5000))
     with pytest.raises(ValueError, match="partition"):
         get_codec("dithering:partition=l2")
 
