@@ -29,7 +29,9 @@ def load(path: Any = None) -> Corpus:
     return load_corpus(path, vocab_size=VOCAB)
 
 
-def build_model(data: Corpus, seed: int) -> Any:
+def make_model(vocab: int, embed: int, width: int, seed: int) -> Any:
+    """The seeded ``torch.nn`` LSTM language model: a ``vocab`` x ``embed`` embedding, a projection to ``width``,
+    one LSTM layer ``width`` wide and a ``width`` -> ``vocab`` decoder (probes size it otherwise)."""
     import torch
 
     class LSTMLanguageModel(torch.nn.Module):
@@ -47,7 +49,11 @@ def build_model(data: Corpus, seed: int) -> Any:
             return self.decoder(out)
 
     torch.manual_seed(seed)
-    return LSTMLanguageModel(len(data.vocab), EMBED, WIDTH)
+    return LSTMLanguageModel(vocab, embed, width)
+
+
+def build_model(data: Corpus, seed: int) -> Any:
+    return make_model(len(data.vocab), EMBED, WIDTH, seed)
 
 
 def optimizer(params: Any, lr: float) -> Any:

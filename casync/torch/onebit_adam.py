@@ -28,6 +28,17 @@ Where the variance froze at exactly zero (no gradient in the whole warm-up: a de
 the update ``m/eps`` would be huge, and 1 bit cannot send the zero momentum such an element has: its synced
 momentum is set to zero and it is not updated (DeepSpeed's ``momentum_masks``, here derived from ``v_K``).
 
+Exact buckets (``exact_variance=True``): 1-bit Adam freezes the variance because a compressed sync gives no
+gradient to update it with.  A bucket the plan syncs losslessly (codec ``none``, e.g. below ``min_compress_bytes``)
+does give one: its synced momentum is the exact mean ``m_t = b1*m + (1-b1)*g``, so ``g = (m_t - b1*m)/(1-b1)``
+(up to float rounding), and its parameters go on with Adam's own variance, ``v = b2*v + (1-b2)*g*g`` and its
+correction ``1-b2**t``, and no ``v = 0`` mask: Adam itself, while the lossy buckets follow the frozen rule.  Why it
+matters: a decoder row of a rare word sees only the small gradient ``p*h`` (``p`` its tiny probability) in the
+warm-up, so its frozen variance is tiny, and the step where the word is the target brings ``(p-1)*h``, thousands
+of times larger: ``m/sqrt(v_K)`` then moves the row orders of magnitude further than Adam would
+(benchmarks/results/time_to_accuracy/lm_compressed_adam/).  Syncing such tensors exactly and compressing the
+large row-sparse input embedding keeps most of the saving.  Off by default (DeepSpeed's rule: every bucket frozen).
+
 The sync runs in :meth:`OneBitAdam.step` (no overlap with backward); a parameter without a gradient counts as a
 zero gradient (every rank syncs every parameter every step).
 """
@@ -57,7 +68,8 @@ class OneBitAdam(torch.optim.Optimizer):
     ``params``: ``model.named_parameters()`` or parameter groups of named parameters (the names key the plan and
     the checkpointed residuals); ``lr``, ``betas``, ``eps``, ``weight_decay`` (decoupled, AdamW's) per group.
     ``warmup_steps``: K >= 1 full-precision steps, then the variance is frozen.  ``bias_correction``: Adam's
-    (default) or none (DeepSpeed's).  ``strategy`` (default ``"ps"``, with ``two_way=True``: error feedback at
+    (default) or none (DeepSpeed's).  ``exact_variance``: parameters in buckets the plan syncs losslessly keep
+    Adam's variance after the warm-up (see the module docstring; default False: all frozen).  ``strategy`` (default ``"ps"``, with ``two_way=True``: error feedback at
     the worker and at the server), ``codec`` (default ``"onebit"``), ``error_feedback`` and ``**plan_options``
     are :func:`casync.build_plan`'s; a lossy codec must run with error feedback, and ``op`` must be ``"mean"``.
     ``process_group``, ``timeout_s``, ``check_every``, ``transport``, ``compute_threads``: as for
@@ -67,6 +79,7 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, *, warmup_steps: int, bias_correction: bool = True,
+                 exact_variance: bool = False,
                  strategy: Any = "ps", codec: Any = "onebit", error_feedback: bool | str = "auto",
                  min_compress_bytes: int = 0, nonfinite: str = "propagate", process_group: Any = None,
                  timeout_s: float = 60.0, check_every: int = 10, transport: str = "direct", compute_threads: int = 1,
@@ -76,6 +89,9 @@ class OneBitAdam(torch.optim.Optimizer):
         if not isinstance(bias_correction, bool):
             raise TypeError(f"bias_correction must be True or False, got {bias_correction!r}")
         self.bias_correction = bias_correction
+        if not isinstance(exact_variance, bool):
+            raise TypeError(f"exact_variance must be True or False, got {exact_variance!r}")
+        self.exact_variance = exact_variance
         if nonfinite != "propagate":
             raise ValueError(f"OneBitAdam takes nonfinite='propagate' only (got {nonfinite!r}): a voided step would "
                              "have to roll back the local momentum on every rank; check the loss before step()")
@@ -153,6 +169,7 @@ class OneBitAdam(torch.optim.Optimizer):
         group = sync.ensure_group()
         if not self._checked:
             check_same_settings(group, {"warmup_steps": self.warmup_steps, "bias_correction": self.bias_correction,
+                                        "exact_variance": self.exact_variance,
                                         "OneBitAdam steps done (load_state_dict)": self._step})
             sync.check_plan_once()
         if not self._checked or (sync.check_every and sync.iter % sync.check_every == 0):
@@ -236,13 +253,28 @@ class OneBitAdam(torch.optim.Optimizer):
         runner.commit(outcome)
         self.stats = {"step": outcome.step, "sent_bytes": outcome.sent_bytes, "raw_bytes": outcome.raw_bytes,
                       "warm_up": False}
-        for _, p, synced in self._results(outcome.results):
+        exact = self._exact_names()
+        for name, p, synced in self._results(outcome.results):
             options, state = self._group_of[id(p)], self._state(p)
             beta1, beta2 = options["betas"]
-            state["exp_avg"].copy_(synced).masked_fill_(state["exp_avg_sq"] == 0, 0)  # see the module docstring
-            c1, c2 = corrections(beta1, beta2, t, self.warmup_steps, self.bias_correction)
+            if name in exact:  # the mean gradient, recovered from the exact mean momentum: Adam goes on
+                grad = (synced - beta1 * state["exp_avg"]) / (1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                state["exp_avg"].copy_(synced)
+                c1, c2 = corrections(beta1, beta2, t, t, self.bias_correction)
+            else:
+                state["exp_avg"].copy_(synced).masked_fill_(state["exp_avg_sq"] == 0, 0)  # see the module docstring
+                c1, c2 = corrections(beta1, beta2, t, self.warmup_steps, self.bias_correction)
             apply_update_(p, state["exp_avg"], state["exp_avg_sq"], float(options["lr"]), options["eps"],
                           options["weight_decay"], c1, c2)
+
+    def _exact_names(self) -> frozenset[str]:
+        """The parameters that keep Adam's variance after the warm-up: those in buckets the plan syncs losslessly,
+        with ``exact_variance`` (none without it)."""
+        if not self.exact_variance:
+            return frozenset()
+        return frozenset(member.spec.name for bucket in self._sync.plan.buckets if bucket.codec.lossless
+                         for member in bucket.members)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if getattr(self, "_built", False):
@@ -258,7 +290,7 @@ class OneBitAdam(torch.optim.Optimizer):
         casync's (plan, every rank's error-feedback residuals); collective once compression has started."""
         return {"optimizer": super().state_dict(), "casync": self._sync.state_dict(),
                 STATE_KEY: {"step": self._step, "warmup_steps": self.warmup_steps,
-                            "bias_correction": self.bias_correction}}
+                            "bias_correction": self.bias_correction, "exact_variance": self.exact_variance}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (on every rank, before the first step): the run continues bit
@@ -269,8 +301,8 @@ class OneBitAdam(torch.optim.Optimizer):
         if self._step or self._sync.runner is not None:
             raise RuntimeError("load_state_dict() must come before the first step (a fresh OneBitAdam on every rank)")
         saved = state_dict[STATE_KEY]
-        for key in ("warmup_steps", "bias_correction"):
-            if saved.get(key) != getattr(self, key):
+        for key in ("warmup_steps", "bias_correction", "exact_variance"):
+            if saved.get(key, False if key == "exact_variance" else None) != getattr(self, key):
                 raise ValueError(f"the checkpoint was saved with {key}={saved.get(key)!r}, this OneBitAdam has "
                                  f"{getattr(self, key)!r}: build it with the saved value to resume exactly")
         step = saved.get("step")
@@ -311,4 +343,5 @@ class OneBitAdam(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return (f"OneBitAdam(warmup_steps={self.warmup_steps}, bias_correction={self.bias_correction}, "
+                f"exact_variance={self.exact_variance}, "
                 f"step={self._step}, plan={self._sync.plan!r})")

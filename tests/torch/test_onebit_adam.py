@@ -113,6 +113,35 @@ def test_uncompressed_momentum_sync_is_the_mean_of_the_ranks_momenta_and_the_upd
             assert np.array_equal(record[step]["params"][n], p.numpy()), (step, n)
 
 
+#: onebit with error feedback, but b (20 bytes, below min_compress_bytes in a bucket of its own) synced exactly and
+#: kept on Adam's variance (exact_variance); w (48 bytes) compressed with the variance frozen
+EXACT = dict(lr=LR, betas=BETAS, eps=EPS, warmup_steps=2, codec="onebit", bucket_bytes=0, min_compress_bytes=32,
+             exact_variance=True)
+
+
+def test_exact_variance_keeps_adams_variance_for_the_buckets_synced_exactly_and_freezes_the_rest():
+    ranks = ok(run_ranks("tests.torch.onebit_adam_scenarios:rule", 2, runs=[EXACT], steps=STEPS))
+    k, run = EXACT["warmup_steps"], ranks[0][0]
+    plan, record = casync.SyncPlan.from_dict(run["plan"]), run["record"]
+    assert {b.tensor_names[0]: b.codec.lossless for b in plan.buckets} == {"b": True, "w": False}
+    for step in range(k, STEPS):
+        assert sorted(n for r in record[step]["residuals"].values() for n in r) == ["w", "w"]  # worker and server
+        assert np.array_equal(record[step]["v"]["w"], record[k - 1]["v"]["w"]), step  # frozen
+        local = momenta(record, step)
+        synced = (local[0]["b"] + local[1]["b"]) / 2  # the exact mean momentum
+        assert np.array_equal(record[step]["m"]["b"], synced.numpy()), step
+        g = mean_grad(step, "b")  # what Adam's variance takes: the mean gradient, recovered from the momenta
+        v = t(record[step - 1]["v"]["b"]).mul_(BETAS[1]).addcmul_(g, g, value=1 - BETAS[1])
+        np.testing.assert_allclose(record[step]["v"]["b"], v.numpy(), rtol=1e-5, atol=1e-9, err_msg=str(step))
+        assert record[step]["v"]["b"][0] == 0 and record[step]["m"]["b"][0] == 0  # the dead unit: no gradient
+        tt = step + 1
+        p = t(record[step - 1]["params"]["b"])
+        denom = (t(record[step]["v"]["b"]).sqrt() / (1 - BETAS[1] ** tt) ** 0.5).add_(EPS)  # v's correction at t
+        p.addcdiv_(synced, denom, value=-(LR / (1 - BETAS[0] ** tt)))
+        assert np.array_equal(record[step]["params"]["b"], p.numpy()), step
+    assert not np.array_equal(record[STEPS - 1]["v"]["b"], record[k - 1]["v"]["b"])
+
+
 def onebit(x: np.ndarray) -> np.ndarray:
     """casync.primitives' onebit by its definition: sign bits (x < 0 -> -scale), scale = mean(|x|)."""
     scale = np.float32(np.abs(x.astype(np.float64)).mean())
@@ -186,6 +215,7 @@ def test_resume_is_bit_exact_mid_warm_up_and_mid_compression_and_a_drifting_repl
     (dict(warmup_steps=0), ValueError, "with no warm-up it would be zero"),
     (dict(warmup_steps=2.5), TypeError, "warmup_steps must be an int"),
     (dict(bias_correction="yes"), TypeError, "bias_correction must be True or False"),
+    (dict(exact_variance=1), TypeError, "exact_variance must be True or False, got 1"),
     (dict(codec="nope"), ValueError, "unknown codec 'nope'"),
     (dict(codec="onebit", error_feedback=False), ValueError, "keeps no error-feedback residuals"),
     (dict(op="sum"), ValueError, "op must be 'mean'"),
