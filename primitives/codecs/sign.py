@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import (BLOCK, Codec, Payload, add_block, as_input, block_sum, check_length, expand_packed,
+from .base import (BLOCK, Payload, add_block, as_input, block_sum, check_length, expand_packed,
                    feedback_input, field, merges_pending, scratch)
+from .blocks import BlockDecoder
 from . import sign_kernel
 from .residual import DeferredResidual, materialized
 
@@ -21,7 +22,7 @@ from .residual import DeferredResidual, materialized
 _BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(bool)
 
 
-class OneBitCodec(Codec):
+class OneBitCodec(BlockDecoder):
     """Sign bits (``x < 0`` → 1) packed with ``np.packbits`` plus ``scale = mean(|x|)``.
 
     Payload: ``bits`` uint8[ceil(n/8)], ``scale`` float32[1].  Decodes to
@@ -30,22 +31,12 @@ class OneBitCodec(Codec):
 
     name = "onebit"
     ef_sound = True
-    decodes_in_blocks = True
     defers_residual = True
     certifies_finite = True
     ignores_seed = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         return self._sweep(as_input(x))
-
-    def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self._decode(payload, n, 0, None, None)
-
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, 0, None, out)
-
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, start, stop, out)
 
     def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
         """Elements ``start:stop`` (None: to the end) of the decoded tensor, into ``out`` or a fresh array."""

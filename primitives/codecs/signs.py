@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (BLOCK, Codec, Payload, as_input, block_sum, check_length, expand_packed, field, scratch)
+from .base import BLOCK, Payload, as_input, block_sum, check_length, expand_packed, field, scratch
+from .blocks import BlockDecoder
 from .sign import _BITS
 
 #: ``_SIGNS[b]``: the 8 floats byte ``b`` of a signsgd payload decodes to (bit 1: -1.0, bit 0: +1.0).
@@ -32,7 +33,7 @@ def negative_bits(x: np.ndarray, out: np.ndarray) -> None:
         out[start >> 3:(start + m + 7) >> 3] = np.packbits(b)
 
 
-class SignSGDCodec(Codec):
+class SignSGDCodec(BlockDecoder):
     """signSGD with majority vote (Bernstein et al. 2018), as GRACE defines it: each worker sends the sign of
     ``x >= 0`` (zero counts as positive), each decodes to +1 or -1 with no scale, and the aggregate is the sign
     of their sum (a tie is +1): the majority vote, not a mean.
@@ -56,7 +57,6 @@ class SignSGDCodec(Codec):
     name = "signsgd"
     ef_sound = False
     votes = True
-    decodes_in_blocks = True
     ignores_seed = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -64,15 +64,6 @@ class SignSGDCodec(Codec):
         bits = np.empty((x.size + 7) // 8, np.uint8)
         negative_bits(x, bits)
         return {"bits": bits}
-
-    def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self._decode(payload, n, 0, None, None)
-
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, 0, None, out)
-
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, start, stop, out)
 
     def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)
@@ -84,7 +75,7 @@ class SignSGDCodec(Codec):
         return (check_length(n) + 7) // 8
 
 
-class TwoScaleOneBitCodec(Codec):
+class TwoScaleOneBitCodec(BlockDecoder):
     """GRACE's onebit (Seide et al. 2014, 1-bit SGD): a sign bit per element (1 where ``x < 0``) and two scales,
     the mean of the negative elements and the mean of the others; each element decodes to its group's mean.
 
@@ -101,7 +92,6 @@ class TwoScaleOneBitCodec(Codec):
 
     name = "onebit2"
     ef_sound = True
-    decodes_in_blocks = True
     ignores_seed = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
@@ -126,15 +116,6 @@ class TwoScaleOneBitCodec(Codec):
         scales = np.array([neg_sum / negatives if negatives else 0.0, pos_sum / others if others else 0.0])
         with np.errstate(over="ignore", invalid="ignore"):
             return {"bits": bits, "scales": scales.astype(np.float32)}
-
-    def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self._decode(payload, n, 0, None, None)
-
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, 0, None, out)
-
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, start, stop, out)
 
     def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
         n = check_length(n)

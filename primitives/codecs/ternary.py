@@ -13,7 +13,6 @@ import numpy as np
 
 from .base import (
     CHUNK,
-    Codec,
     Payload,
     as_input,
     check_length,
@@ -24,6 +23,7 @@ from .base import (
     real_param,
     scratch,
 )
+from .blocks import BlockDecoder
 
 _U32 = np.dtype("<u4")  # the packing below reads 4 code bytes as one little-endian word
 #: Multiplying a word of four 2-bit codes (one per byte) by this gathers them into
@@ -76,7 +76,7 @@ def _max_abs(x: np.ndarray) -> float:
     return top
 
 
-class TernGradCodec(Codec):
+class TernGradCodec(BlockDecoder):
     """TernGrad (Wen et al. 2017): ``s = max|x|``; element i becomes
     ``s * sign(x_i) * b_i`` with ``b_i ~ Bernoulli(|x_i| / s)`` — unbiased.
 
@@ -89,7 +89,6 @@ class TernGradCodec(Codec):
 
     name = "terngrad"
     ef_sound = False
-    decodes_in_blocks = True
 
     def encode(self, x: np.ndarray, seed: int = 0) -> Payload:
         x = as_input(x)
@@ -118,15 +117,6 @@ class TernGradCodec(Codec):
         payload["scale"] = np.array([l2 / l1 if l1 > 0 else 0.0], np.float32)
         return payload
 
-    def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self._decode(payload, n, 0, None, None)
-
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, 0, None, out)
-
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, start, stop, out)
-
     def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
         """Elements ``start:stop`` (None: to the end) of the decoded tensor, into ``out`` or a fresh array."""
         n = check_length(n)
@@ -139,7 +129,7 @@ class TernGradCodec(Codec):
         return codes_nbytes(check_length(n)) + 4
 
 
-class TBQCodec(Codec):
+class TBQCodec(BlockDecoder):
     """Threshold binary quantization (Strom 2015; HiPress TBQ; MXNet "2bit"):
     ``x > tau`` → ``+tau``, ``x < -tau`` → ``-tau``, otherwise 0.
 
@@ -155,7 +145,6 @@ class TBQCodec(Codec):
 
     name = "tbq"
     ef_sound = True
-    decodes_in_blocks = True
     ignores_seed = True
 
     def __init__(self, threshold: float = 0.5) -> None:
@@ -183,15 +172,6 @@ class TBQCodec(Codec):
         for start in range(0, n, CHUNK):
             pack_codes(x[start : start + CHUNK], fill, codes, start)
         return {"codes": codes, "threshold": np.array([tau], np.float32)}
-
-    def decode(self, payload: Payload, n: int) -> np.ndarray:
-        return self._decode(payload, n, 0, None, None)
-
-    def decode_into(self, payload: Payload, n: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, 0, None, out)
-
-    def decode_block(self, payload: Payload, n: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        return self._decode(payload, n, start, stop, out)
 
     def _decode(self, payload: Payload, n: int, start: int, stop: int | None, out: np.ndarray | None) -> np.ndarray:
         """Elements ``start:stop`` (None: to the end) of the decoded tensor, into ``out`` or a fresh array."""
