@@ -102,7 +102,7 @@ class DitheringCodec(Codec):
             up = um < ym
             np.multiply(gm, up, out=gm)
             np.add(lm, gm, out=lm)  # the level sent
-            np.negative(lm, out=lm, where=np.signbit(xc))
+            np.copysign(lm, xc, out=lm)  # (a masked np.negative took 30x as long)
             np.copyto(out[start:start + m], lm, casting="unsafe")
         return {"levels": out, "scale": np.array([s], np.float32)}, total
 
@@ -114,11 +114,13 @@ class DitheringCodec(Codec):
             np.minimum(low, self.top - 1, out=low)  # y == L rounds to L from L - 1 with probability 1
             gap.fill(1)
             return
-        # natural: ceil(y) = c; the level below is 0 for c <= 1, else half the smallest power of two >= c
+        # natural: ceil(y) = c; the level below is 0 for c <= 1, else half the smallest power of two >= c, which is the
+        # power of two at or below c - 1: c - 1 with its mantissa bits cleared (c - 1 = 0 clears to 0, -1 to -1 -> 0)
         np.ceil(y, out=gap)
-        mantissa, exponent = np.frexp(gap)  # c = mantissa * 2^exponent, mantissa in [0.5, 1)
-        np.ldexp(np.float32(1), exponent - 1 - (mantissa == 0.5), out=low)
-        low[gap <= 1] = 0
+        np.subtract(gap, 1, out=low)
+        bits = low.view(np.uint32)
+        np.bitwise_and(bits, np.uint32(0xFF800000), out=bits)
+        np.maximum(low, 0, out=low)
         np.maximum(low, 1, out=gap)
 
     def decode(self, payload: Payload, n: int) -> np.ndarray:

@@ -246,3 +246,15 @@ def test_casync_codecs_lists_every_codec_with_its_ratio_error_feedback_throughpu
     for name, row in rows.items():  # every codec is priced by the packaged profile: enc and dec GB/s
         cells = row[3:5] if name != "signsgd" else row[4:6]
         assert all(float(c) > 0 for c in cells), (name, row)
+
+
+def test_dithering_natural_levels_follow_bytepss_rule():
+    """BytePS: ``floor = RoundNextPow2(ceil(y)) >> 1``, ``length = max(floor, 1)``: checked for every ceil up to 2^14."""
+    codec = get_codec("dithering:levels=15,partition=natural")
+    y = np.concatenate([np.arange(0, 2**14 + 3, dtype=np.float32), np.float32([0.3, 1.5, 2.5, 3.999, 4.001])])
+    low, gap = np.empty_like(y), np.empty_like(y)
+    codec._bracket(y.copy(), low, gap)
+    for v, lo, length in zip(y.tolist(), low.tolist(), gap.tolist()):
+        c = int(np.ceil(v))
+        floor = (1 << (c - 1).bit_length()) >> 1 if c > 0 else 0  # the smallest power of two >= c, halved
+        assert (lo, length) == (floor, max(floor, 1)), v
