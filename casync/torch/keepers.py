@@ -15,6 +15,10 @@ sparse codec; uncompressed steps send everything, and mask nothing, as momentum 
 or whose synced result holds NaN/Inf (a GradScaler then skips it), leaves ``u`` as it was before the step (not
 with ``delayed_update``, whose NaN/Inf reach the parameters: it takes ``nonfinite="propagate"`` only).  The
 shared pieces are ``casync.training.dgc``'s, the Trainer's own.
+
+So that a step can be voided without copying ``u`` first, each parameter has two momentum buffers: a step writes
+the new ``u`` into the one its step before last used (``MomentumCorrection.correct_into``, which also writes it
+into the gradient, in cache-sized blocks) and keeps the old one as it was; voiding swaps them back.
 """
 from __future__ import annotations
 
@@ -128,7 +132,9 @@ class LocalKeepers:
         self.workers = workers
         self.momentum = (MomentumCorrection(options.momentum_correction, {n: p.detach() for n, p in params.items()})
                          if options.momentum_correction is not None else None)
-        self._before: dict[str, torch.Tensor] | None = None  # u before the step in progress (to void it)
+        self._before: dict[str, torch.Tensor] | None = None  # u before the step in progress (to void it): the
+        # buffers the step replaced, by parameter (momentum correction writes the new u into a spare)
+        self._spares: dict[str, torch.Tensor] = {}  # buffers no one reads: the next step's new u goes there
         self.voidable = True  # whether a step can be voided (keep u from before it); not with delayed updates
         self._buckets: tuple[Any, dict] | None = None  # (plan, its buckets as MomentumCorrection.mask_sent wants)
 
@@ -150,9 +156,18 @@ class LocalKeepers:
             norm = clip_by_global_norm([v for _, v in views], self.options.dgc_clip_norm, self.workers)
         if self.momentum is not None:
             if self.voidable and self._before is None:
-                self._before = {n: u.clone() for n, u in self.momentum.buffers.items()}
+                self._before = {}
             for name, view in views:
-                view.copy_(self.momentum.correct(name, view))
+                out = None
+                if self._before is not None and name not in self._before:  # the new u into a spare buffer: the
+                    self._before[name] = self.momentum.buffers[name]  # old one is kept as it was, not copied
+                    out = self._spares.pop(name, None)
+                    if out is None:
+                        out = torch.empty_like(self._before[name])
+                if out is None:
+                    view.copy_(self.momentum.correct(name, view))
+                else:
+                    self.momentum.correct_into(name, view, out)
         return norm
 
     def finish(self, voided: bool = False, residuals: Mapping[str, Any] | None = None, actor: str = "",
@@ -163,10 +178,10 @@ class LocalKeepers:
         if self.momentum is None:
             return
         if voided:
-            if before is not None:
-                for name, u in self.momentum.buffers.items():
-                    u.copy_(before[name])
+            for name, u in (before or {}).items():  # the step's buffers become spares again
+                self._spares[name], self.momentum.buffers[name] = self.momentum.buffers[name], u
             return
+        self._spares.update(before or {})  # the buffers from before the step: the next step writes there
         if self.options.momentum_masking and residuals is not None:
             if self._buckets is None or self._buckets[0] is not plan:
                 self._buckets = (plan, {b.name: (list(b.partitions), b.numel, [(m.spec.name, m.offset, m.stop)

@@ -93,6 +93,11 @@ def sent_mask(residuals: Mapping[str, np.ndarray], actor: str, bucket: str, part
     return sent
 
 
+#: elements per block of :meth:`MomentumCorrection.correct_into` (1 MiB of float32: the block of ``u``, of the
+#: gradient and of the new ``u`` stay in a core's cache between the three passes over it)
+MOMENTUM_BLOCK = 1 << 18
+
+
 class MomentumCorrection:
     """Per-worker momentum ``u`` moved before compression (DGC): ``u = m*u + g`` is what gets synchronized.
 
@@ -105,18 +110,52 @@ class MomentumCorrection:
         self.momentum = float(momentum)
         self.buffers = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
 
-    def correct(self, name: str, grad: torch.Tensor | None) -> torch.Tensor:
-        """Fold this step's gradient (``None``: the parameter got none) into ``u`` and return ``u``."""
+    def correct(self, name: str, grad: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Fold this step's gradient (``None``: the parameter got none) into ``u`` and return ``u``.
+
+        ``out``: a float32 tensor of ``u``'s shape to hold the new ``u`` (it becomes the buffer), leaving the old
+        one as it was, so a caller that may void the step keeps it without copying it first (the same floats)."""
         u = self.buffers[name]
-        u.mul_(self.momentum)
+        if out is None:
+            u.mul_(self.momentum)
+        else:
+            if out.shape != u.shape or out.dtype != torch.float32 or out.device != u.device:
+                raise ValueError(f"momentum buffer {name!r}: out must be float32 {tuple(u.shape)} on {u.device}, "
+                                 f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+            u = self.buffers[name] = torch.mul(u, self.momentum, out=out)
         if grad is not None:
             u.add_(grad.to(torch.float32))
         return u
 
+    def correct_into(self, name: str, grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """:meth:`correct` with ``out`` becoming the buffer, and ``grad`` overwritten with the new ``u`` (what the
+        rank then syncs), in blocks that stay in cache between the multiply, the add and the copy: the same floats
+        as ``grad.copy_(correct(name, grad, out))`` (float32 ``m*u`` rounded, then ``+ grad`` rounded), with one
+        pass over memory fewer than that and no pass over the old buffer but a read.  Falls back to that where
+        the tensors are not float32, contiguous, on the CPU and apart."""
+        u = self.buffers[name]
+        flat = [t.detach().view(-1) if t.is_contiguous() else None for t in (u, grad, out)]
+        if (any(f is None or f.device.type != "cpu" or f.dtype != torch.float32 for f in flat)
+                or out.shape != u.shape or grad.shape != u.shape
+                or len({f.untyped_storage().data_ptr() for f in flat}) < 3):
+            return grad.copy_(self.correct(name, grad, out))
+        old, g, new = (f.numpy() for f in flat)
+        for start in range(0, old.size, MOMENTUM_BLOCK):
+            stop = start + MOMENTUM_BLOCK
+            block = new[start:stop]
+            np.multiply(old[start:stop], np.float32(self.momentum), out=block)
+            np.add(block, g[start:stop], out=block)
+            g[start:stop] = block
+        self.buffers[name] = out
+        return out
+
     def mask(self, name: str, sent: np.ndarray) -> None:
         """Momentum-factor masking: forget the momentum of coordinates that were sent (``sent`` is flat bool)."""
         u = self.buffers[name]
-        u.view(-1)[torch.from_numpy(sent).to(u.device)] = 0.0
+        if u.device.type == "cpu" and u.is_contiguous():  # NumPy's masked copy: ~3x faster than torch's bool index
+            np.copyto(u.detach().view(-1).numpy(), 0.0, where=sent)
+        else:
+            u.view(-1)[torch.from_numpy(sent).to(u.device)] = 0.0
 
     def mask_sent(self, residuals: Mapping[str, np.ndarray], actor: str,
                   buckets: Mapping[str, tuple[Sequence[tuple[int, int]], int, Sequence[tuple[str, int, int]]]]) -> None:

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers import load_benchmark
@@ -74,3 +75,34 @@ def test_the_script_accounts_a_hook_ranks_cpu(tmp_path):
     assert hook["beyond_floor_ms"] == pytest.approx(hook["cpu_ms"] - rows["ddp-nocomm"]["cpu_ms"], abs=0.11)
     assert "MainThread" in hook["threads_ms"] and "casync-send" in hook["threads_ms"]
     assert "python benchmarks/hook_cpu.py --model tiny" in (out / "hook_cpu.md").read_text()
+
+
+def test_the_task_mode_splits_a_training_step_and_times_the_hooks_phases(tmp_path):
+    """Two ranks train the image task (a tiny IDX set) with the floor and top-k + DGC: every part of the step has
+    CPU, the keepers' and the runner's phases are timed (clipping inside clip + momentum), the ops' CPU is split by
+    op, and the split table names them beside the floor."""
+    from tests.bench.test_tta import _idx
+
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 64), ("t10k", 32)):
+        _idx(images / f"{split}-images-idx3-ubyte.gz", rng.integers(0, 255, size=(n, 8, 8)))
+        _idx(images / f"{split}-labels-idx1-ubyte.gz", np.arange(n) % 10)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(SCRIPT), "--task", "image", "--data", str(images), "--workers", "2",
+                    "--iters", "2", "--variants", "nocomm,allgather/topk1%+dgc", "--out", str(out)], check=True,
+                   timeout=600, capture_output=True)
+    rows = {r["variant"]: r for r in json.loads((out / "hook_cpu.json").read_text())["rows"]}
+    floor, topk = rows["nocomm"], rows["allgather/topk1%+dgc"]
+    for row in (floor, topk):
+        assert all(row["parts_ms"][p] > 0 for p in ("data", "forward", "backward", "optimizer"))
+    assert not any(k.startswith("phase") for k in floor["parts_ms"]) and floor["op_ms"] == {}
+    phases = topk["parts_ms"]
+    assert 0 < phases["phase keepers: clip"] <= phases["phase keepers: clip + momentum"]
+    assert phases["phase keepers: finish (masking)"] > 0 and phases["phase runner: run (the ops)"] > 0
+    assert topk["op_ms"]["encode"] > 0 and topk["op_ms"]["merge"] > 0
+    assert topk["beyond_floor_ms"] == pytest.approx(topk["cpu_ms"] - floor["cpu_ms"], abs=0.11)
+    assert topk["buckets"]["as_planned"] >= 1
+    text = (out / "hook_cpu.md").read_text()
+    assert "| phase keepers: finish (masking) |" in text and "| op encode |" in text and "--task image" in text

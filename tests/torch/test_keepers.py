@@ -62,6 +62,63 @@ def test_momentum_is_kept_from_before_a_voided_step_and_masked_where_the_residua
     assert mc.buffers["w"].tolist() == [0, 6]
 
 
+def test_momentum_into_a_spare_buffer_gives_the_in_place_floats_and_voids_without_a_copy():
+    """correct_into (blocks in cache, the new u in a spare) matches correct() + copy bit for bit, over block edges,
+    with -0.0, NaN and a tail; the keepers alternate two buffers per parameter, and a voided step swaps back."""
+    from casync.training.dgc import MOMENTUM_BLOCK
+
+    n = 2 * MOMENTUM_BLOCK + 17
+    rng = np.random.default_rng(3)
+    u0 = torch.from_numpy(rng.standard_normal(n).astype(f32) * 1e3)
+    g = torch.from_numpy(rng.standard_normal(n).astype(f32))
+    g[5], g[MOMENTUM_BLOCK] = -0.0, float("nan")
+    u0[5] = 0.0
+    ref = MomentumCorrection(0.9, {"w": torch.zeros(n)})
+    ref.buffers["w"].copy_(u0)
+    want = ref.correct("w", g.clone()).clone()
+    fused = MomentumCorrection(0.9, {"w": torch.zeros(n)})
+    fused.buffers["w"].copy_(u0)
+    old, spare, grad = fused.buffers["w"], torch.empty(n), g.clone()
+    assert fused.correct_into("w", grad, spare) is spare and fused.buffers["w"] is spare
+    assert torch.equal(old, u0)  # the old buffer only read
+    for got in (spare, grad):
+        assert np.array_equal(got.numpy().view(np.uint32), want.numpy().view(np.uint32))  # -0.0 and NaN alike
+    half = torch.ones(3, dtype=torch.float16)  # not float32: the unblocked path, the same result
+    mc = MomentumCorrection(0.5, {"w": torch.zeros(3)})
+    mc.correct_into("w", half, torch.empty(3))
+    assert half.tolist() == [1.0, 1.0, 1.0] and mc.buffers["w"].tolist() == [1.0, 1.0, 1.0]
+
+    keepers = LocalKeepers(KeeperOptions(momentum_correction=0.5), {"w": torch.zeros(4)}, 2)
+    first = keepers.momentum.buffers["w"]
+    keepers.apply([("w", torch.ones(4))])
+    keepers.finish()
+    second = keepers.momentum.buffers["w"]
+    assert second is not first and second.tolist() == [1, 1, 1, 1]
+    keepers.apply([("w", torch.ones(4))])
+    assert keepers.momentum.buffers["w"] is first  # the buffer from two steps ago, written again
+    keepers.finish(voided=True)
+    assert keepers.momentum.buffers["w"] is second and second.tolist() == [1, 1, 1, 1]
+    keepers.voidable = False  # DistributedOptimizer's delayed update: u in place, no spare
+    keepers.apply([("w", torch.ones(4))])
+    assert keepers.momentum.buffers["w"] is second and second.tolist() == [1.5] * 4
+
+
+def test_masking_zeroes_exactly_where_the_residual_is_zero():
+    """The masked copy (NumPy's where=) against the bool index it replaced: -0.0 counts as zero, NaN does not."""
+    n = 1000
+    rng = np.random.default_rng(4)
+    residual = rng.standard_normal(n).astype(f32)
+    residual[rng.choice(n, 50, replace=False)] = 0.0
+    residual[:3] = [-0.0, np.nan, np.inf]
+    u = torch.from_numpy(rng.standard_normal(n).astype(f32))
+    want = u.clone()
+    want[torch.from_numpy(residual == 0)] = 0.0
+    mc = MomentumCorrection(0.9, {"w": torch.zeros(n)})
+    mc.buffers["w"].copy_(u)
+    mc.mask_sent({"x/b/0": residual}, "x", {"b": ([(0, n)], n, [("w", 0, n)])})
+    assert torch.equal(mc.buffers["w"], want) and int((mc.buffers["w"] == 0).sum()) == 51
+
+
 def test_full_precision_steps_are_the_first_k_and_every_kth():
     assert [is_full_sync(t, 3, start=2) for t in range(9)] == [True, True, True, False, False, True, False, False,
                                                                 True]
