@@ -84,6 +84,11 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("onebit-adam", "casync optimizer", "casync.torch.OneBitAdam: Adam's warm-up, then the variance frozen "
            "and the momentum synced onebit with error feedback", optimizer="OneBitAdam",
            options={"strategy": "ps", "two_way": True, "codec": "onebit", "warmup_steps": "10%"}, tasks=("lm",)),
+    Config("onebit-adam+exact", "casync optimizer", "casync.torch.OneBitAdam as onebit-adam, but one bucket per "
+           "tensor and only those of 8 MiB or more compressed (the LM's input embedding); the rest (decoder, LSTM) "
+           "synced exactly and kept on Adam's own variance (exact_variance)", optimizer="OneBitAdam",
+           options={"strategy": "ps", "two_way": True, "codec": "onebit", "warmup_steps": "10%", "bucket_bytes": 0,
+                    "min_compress_bytes": 8 << 20, "exact_variance": True}, tasks=("lm",)),
     Config("opt-ring/onebit", "casync optimizer", "casync DistributedOptimizer: ring, onebit with error feedback",
            optimizer="DistributedOptimizer", options={"strategy": "ring", "codec": "onebit", "error_feedback": True},
            in_default=False),
