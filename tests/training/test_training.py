@@ -1,8 +1,11 @@
 """casync.Trainer: accuracy per codec on digits, bit-identical resume (also after a worker is killed mid-fit),
 replica checks, overlap of sync with backward, and that each compression-aware option does what it says.
 
-Every Trainer starts its own Ray actors (1.5-2.5 CPU-s each, most of these tests' cost), so runs that can serve
-several tests are made once in module-scoped fixtures (``accuracy_runs``, ``deep``, ``resume_runs``)."""
+Starting a Trainer's Ray actors costs 1.5-2.5 CPU-s each (most of these tests' cost), so the tests take their
+trainers from the module's pool (``trainers``, ``tests/training/pool.py``): a trainer with the arguments the test
+gives, restarted on an earlier test's actors (``Trainer.restart``, bit for bit a fresh trainer).  Runs that can serve
+several tests are made once in module-scoped fixtures (``accuracy_runs``, ``resume_runs``).  Tests of what the
+constructor refuses, and of failures that leave a trainer unusable, build trainers of their own."""
 from __future__ import annotations
 
 import json
@@ -38,12 +41,19 @@ SMALL = DigitsMLP((64, 48, 48, 10))
 CPUS = 0.25  # a nominal CPU share per worker: several trainers share the module's 4-CPU embedded Ray
 
 
-def small_trainer(**kw):
+def small_args(**kw):
+    """The four functions and the options of a 2-worker trainer of the small model."""
     opts = dict(workers=2, codec="onebit", progress=False, timeout_s=60, cpus_per_worker=CPUS)
     opts.update(kw)
     optimizer = opts.pop("optimizer", SGD(lr=0.1))
     data = opts.pop("data", DigitsData(batch_size=128))
-    return casync.Trainer(opts.pop("model", SMALL), optimizer, cross_entropy, data, **opts)
+    return (opts.pop("model", SMALL), optimizer, cross_entropy, data), opts
+
+
+def small_trainer(trainers, **kw):
+    """That trainer, from the pool: a ``with`` block gives it back."""
+    fns, opts = small_args(**kw)
+    return trainers.trainer(*fns, **opts)
 
 
 def params_of(trainer):
@@ -63,16 +73,16 @@ CODECS = {"none": (None, True), "onebit+ef": ("onebit", True), "topk1%+ef": ("to
 
 
 @pytest.fixture(scope="module")
-def accuracy_runs(ray_local):
+def accuracy_runs(trainers):
     """2 workers train casync's 4.3M-parameter mlp on digits for the same number of steps with each codec (4 workers
     took 2.4x as long: each step's Ray round trips, not the model, cost most on 2 cores).  At 50 steps and lr 0.4:
     uncompressed 0.928, onebit+EF 0.930, topk 1 %+EF 0.930, onebit without EF 0.883 (loss of its last 10 steps 1.21
     against 0.29 with EF), so each assertion below holds by 2-3 points and fails with error feedback off."""
     runs = {}
     for label, (codec, ef) in CODECS.items():
-        with casync.Trainer(DigitsMLP.named("mlp"), SGD(lr=ACCURACY_LR), cross_entropy, DigitsData(batch_size=32),
-                            workers=2, strategy="ring", codec=codec, error_feedback=ef, progress=False,
-                            cpus_per_worker=CPUS) as trainer:
+        with trainers.trainer(DigitsMLP.named("mlp"), SGD(lr=ACCURACY_LR), cross_entropy, DigitsData(batch_size=32),
+                              workers=2, strategy="ring", codec=codec, error_feedback=ef, progress=False,
+                              cpus_per_worker=CPUS) as trainer:
             history = trainer.fit(steps=ACCURACY_STEPS)
             runs[label] = (accuracy(trainer.model()), history)
     print({label: round(acc, 4) for label, (acc, _) in runs.items()})
@@ -104,17 +114,16 @@ def test_onebit_without_error_feedback_is_visibly_worse(accuracy_runs):
     assert without[1].mean("loss", ACCURACY_STEPS - 10) > 2 * with_ef[1].mean("loss", ACCURACY_STEPS - 10)
 
 
-# -- a shared trainer for the behaviour of fit, records, replicas and overlap -----------------------------
-@pytest.fixture(scope="module")
-def deep(ray_local):
+# -- a trainer for the behaviour of fit, records, replicas and overlap -------------------------------------
+@pytest.fixture
+def deep(trainers):
     """2 workers; heavy middle layer, light last layers (their own bucket), so backward continues after the
     last layers' gradients are ready."""
     model = DigitsMLP((64, 1024, 1024, 16, 10))
-    trainer = casync.Trainer(model, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=64), workers=2,
-                             codec="onebit", bucket_bytes=64 << 10, progress=False, check_every=2, timeout_s=60,
-                             cpus_per_worker=CPUS)
-    yield trainer
-    trainer.close()
+    with trainers.trainer(model, SGD(lr=0.1), cross_entropy, DigitsData(batch_size=64), workers=2, codec="onebit",
+                          bucket_bytes=64 << 10, progress=False, check_every=2, timeout_s=60,
+                          cpus_per_worker=CPUS) as trainer:
+        yield trainer
 
 
 def test_late_layer_sync_starts_before_backward_ends(deep):
@@ -201,8 +210,9 @@ def _drifting_loss(model, batch):
 
 
 def test_replicas_that_start_different_raise(ray_local):
+    fns, opts = small_args(model=_pid_dependent_model)
     with pytest.raises(casync.ReplicaMismatchError, match=r"at start.*worker:"):
-        small_trainer(model=_pid_dependent_model)
+        casync.Trainer(*fns, **opts)
 
 
 def test_replicas_that_drift_raise_at_the_next_check(ray_local):
@@ -242,14 +252,14 @@ FAULT_TIMEOUT_S = 60  # small_trainer's timeout_s
 
 
 @pytest.fixture(scope="module")
-def resume_runs(ray_local, tmp_path_factory):
+def resume_runs(trainers, tmp_path_factory):
     """``run(mode)``: each mode's save-and-resume run, made once per module on first use, so that a test of
     what only one mode does is generated for that mode alone."""
     done: dict[str, dict] = {}
 
     def run(mode: str) -> dict:
         if mode not in done:
-            done[mode] = _resume_run(mode, tmp_path_factory)
+            done[mode] = _resume_run(mode, trainers, tmp_path_factory)
         return done[mode]
 
     return run
@@ -288,14 +298,15 @@ def _kill_a_worker_mid_fit(trainer):
     return dict(caught=caught, killed_at=killed_at, alive=thread.is_alive())
 
 
-def _resume_run(mode, tmp_path_factory):
+def _resume_run(mode, trainers, tmp_path_factory):
     """Train N steps, save, train M more (saving changes nothing: the uninterrupted run); in KILLED_MODE, fit on
-    and kill a worker.  Then load the checkpoint into new actors and train M steps there."""
+    and kill a worker (the pool then closes that trainer).  Then load the checkpoint into the pool's other actors
+    (``Trainer.resume``, or ``Trainer.load`` on new ones) and train M steps there."""
     kw = dict(RESUME_MODES[mode])
     path = tmp_path_factory.mktemp(mode) / "ckpt"
     optimizer = kw["optimizer"]
     killed = None
-    with small_trainer(**kw) as first:
+    with small_trainer(trainers, **kw) as first:
         head = first.fit(steps=N_STEPS)
         first.save(path)
         tail = first.fit(steps=M_STEPS)
@@ -306,8 +317,8 @@ def _resume_run(mode, tmp_path_factory):
         plans = {"first": first.plan.to_dict()["buckets"]}
         if mode == KILLED_MODE:
             killed = _kill_a_worker_mid_fit(first)
-    with casync.Trainer.load(path, SMALL, optimizer, cross_entropy, DigitsData(batch_size=128),
-                             progress=False, **LOAD_OVERRIDES.get(mode, {})) as second:  # cpus from the checkpoint
+    with trainers.loaded(path, SMALL, optimizer, cross_entropy, DigitsData(batch_size=128),
+                         progress=False, **LOAD_OVERRIDES.get(mode, {})) as second:  # cpus from the checkpoint
         loaded_step = second.step
         resumed_tail = second.fit(steps=M_STEPS)
         got = params_of(second)
@@ -315,7 +326,7 @@ def _resume_run(mode, tmp_path_factory):
         plans["resumed"] = second.plan.to_dict()["buckets"]
     single = None
     if kw.get("delayed_update"):  # the one mode where fit() boundaries could matter: one fit(N+M) call
-        with small_trainer(**kw) as uninterrupted:
+        with small_trainer(trainers, **kw) as uninterrupted:
             uninterrupted.fit(steps=N_STEPS + M_STEPS)
             single = params_of(uninterrupted)
     return dict(mode=mode, head=head, tail=tail, resumed_tail=resumed_tail, expected=expected, got=got,
@@ -355,7 +366,7 @@ def test_killed_worker_surfaces_as_worker_lost_in_bounded_time(resume_runs):
 
 
 def test_resume_after_the_fault_is_bit_identical_to_the_uninterrupted_run(resume_runs):
-    """The checkpoint is loaded into new actors after the first trainer lost worker 1 (and was closed)."""
+    """The checkpoint is loaded into other actors after the first trainer lost worker 1 (and was closed)."""
     run = resume_runs(KILLED_MODE)
     assert run["killed"]["caught"] and run["loaded_step"] == N_STEPS
     assert run["got"].keys() == run["expected"].keys()
@@ -429,11 +440,12 @@ def test_full_precision_steps_carry_float32(resume_runs):  # what only the delay
 
 
 # -- what the compression-aware options do ---------------------------------------------------------------
-def test_momentum_correction_without_compression_is_momentum_sgd(ray_local):
+def test_momentum_correction_without_compression_is_momentum_sgd(trainers):
     """Momentum moved before the (linear, lossless) sync gives momentum SGD on the averaged gradient."""
     lr, steps, workers = 0.1, 5, 2
     data = DigitsData(batch_size=64, shuffle=False)
-    with small_trainer(codec=None, optimizer=SGD(lr=lr, momentum=0.0), momentum_correction=0.9, data=data) as trainer:
+    with small_trainer(trainers, codec=None, optimizer=SGD(lr=lr, momentum=0.0), momentum_correction=0.9,
+                       data=data) as trainer:
         trainer.fit(steps=steps)
         got = params_of(trainer)
     model = SMALL_INIT_MODEL()
@@ -459,11 +471,11 @@ def SMALL_INIT():
     return SMALL().state_dict()
 
 
-def test_delayed_update_applies_step_t_while_step_t_plus_1_computes(ray_local):
+def test_delayed_update_applies_step_t_while_step_t_plus_1_computes(trainers):
     """Reference in-process: step t's gradient is taken on parameters that lack step t-1's update."""
     lr, steps, workers = 0.5, 4, 2
     data = DigitsData(batch_size=64, shuffle=False)
-    with small_trainer(codec=None, optimizer=SGD(lr=lr), data=data, delayed_update=True) as trainer:
+    with small_trainer(trainers, codec=None, optimizer=SGD(lr=lr), data=data, delayed_update=True) as trainer:
         trainer.fit(steps=steps)
         got = params_of(trainer)
 

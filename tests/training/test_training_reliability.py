@@ -1,7 +1,8 @@
 """casync.Trainer when things go wrong: NaN/Inf in one worker's gradient under each ``nonfinite`` mode (also
 with a delayed update across a checkpoint) and bad input to the Trainer.  A worker killed mid-fit, the
 bit-identical resume after it and broken checkpoints are tested in test_training.py, on the run that its
-resume tests make anyway (a Trainer of its own here cost 2 more trainers' actor starts)."""
+resume tests make anyway (a Trainer of its own here cost 2 more trainers' actor starts).  The tests whose trainers
+can train on afterwards share their actors through the module's pool (``tests/training/pool.py``)."""
 from __future__ import annotations
 
 import sys
@@ -56,9 +57,10 @@ def poisoned_loss(model, batch):
     return cross_entropy(model, (x, y)) + (model[3].bias * poison).sum()
 
 
-def trainer_for(mode, value, **kw):
-    return casync.Trainer(SMALL, SGD(lr=0.1, momentum=0.9), poisoned_loss, PoisonedDigits(1, 2, value), workers=2,
-                          codec="onebit", nonfinite=mode, progress=False, timeout_s=60, cpus_per_worker=CPUS, **kw)
+def trainer_for(trainers, mode, value, **kw):
+    """A trainer from the module's pool (``tests/training/pool.py``): a ``with`` block gives it back."""
+    return trainers.trainer(SMALL, SGD(lr=0.1, momentum=0.9), poisoned_loss, PoisonedDigits(1, 2, value), workers=2,
+                            codec="onebit", nonfinite=mode, progress=False, timeout_s=60, cpus_per_worker=CPUS, **kw)
 
 
 def worker_states(trainer):
@@ -79,8 +81,8 @@ def assert_states_equal(a, b):
 
 
 # -- NaN / Inf in one worker's gradient ---------------------------------------------------------------------
-def test_nonfinite_raise_names_step_worker_parameter_and_changes_nothing(ray_local):
-    with trainer_for("raise", float("inf")) as trainer:
+def test_nonfinite_raise_names_step_worker_parameter_and_changes_nothing(trainers):
+    with trainer_for(trainers, "raise", float("inf")) as trainer:
         trainer.fit(steps=2)
         before = worker_states(trainer)
         with pytest.raises(casync.NonFiniteGradientError,
@@ -95,8 +97,8 @@ def test_nonfinite_raise_names_step_worker_parameter_and_changes_nothing(ray_loc
         trainer.check_replicas()
 
 
-def test_nonfinite_skip_skips_the_update_on_every_worker(ray_local):
-    with trainer_for("skip", float("nan"), check_every=1) as trainer:
+def test_nonfinite_skip_skips_the_update_on_every_worker(trainers):
+    with trainer_for(trainers, "skip", float("nan"), check_every=1) as trainer:
         trainer.fit(steps=2)
         before = worker_states(trainer)
         history = trainer.fit(steps=1)
@@ -110,8 +112,8 @@ def test_nonfinite_skip_skips_the_update_on_every_worker(ray_local):
         assert_states_equal([dict(states[0], residuals={})], [dict(states[1], residuals={})])  # replicas identical
 
 
-def test_nonfinite_propagate_reaches_every_replica_identically(ray_local):
-    with trainer_for("propagate", float("inf"), check_every=1) as trainer:
+def test_nonfinite_propagate_reaches_every_replica_identically(trainers):
+    with trainer_for(trainers, "propagate", float("inf"), check_every=1) as trainer:
         (record,) = trainer.fit(steps=3)[2:]
         assert record.nonfinite == [f"worker 1, tensor '{POISONED}': 0 NaN, 10 Inf"] and not record.skipped
         states = worker_states(trainer)
@@ -178,18 +180,18 @@ def params_of(trainer):
 
 
 # -- NaN/Inf with delayed_update: the pending step across a checkpoint, and DGC momentum ----------------------
-def delayed_trainer(mode, **kw):
-    return casync.Trainer(SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")), workers=2,
-                          codec="onebit", nonfinite=mode, progress=False, timeout_s=60, cpus_per_worker=CPUS,
-                          delayed_update=True, **kw)
+def delayed_trainer(trainers, mode, **kw):
+    return trainers.trainer(SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")), workers=2,
+                            codec="onebit", nonfinite=mode, progress=False, timeout_s=60, cpus_per_worker=CPUS,
+                            delayed_update=True, **kw)
 
 
-def test_delayed_skip_with_momentum_correction_voids_cleanly_across_a_checkpoint(ray_local, tmp_path):
+def test_delayed_skip_with_momentum_correction_voids_cleanly_across_a_checkpoint(trainers, tmp_path):
     """Step 2 (worker 1's NaN) is in flight when the checkpoint is taken: the resumed trainer must still skip
     it (its NaN/Inf reports travel with the checkpoint), and the NaN must not stay in worker 1's DGC momentum
     (which would void every later step)."""
     path = tmp_path / "ckpt"
-    with delayed_trainer("skip", momentum_correction=0.9) as first:
+    with delayed_trainer(trainers, "skip", momentum_correction=0.9) as first:
         head = first.fit(steps=3)  # step 2's update is in flight
         assert [(r.step, r.skipped) for r in head] == [(0, False), (1, False), (2, True)]
         assert all(torch.isfinite(v).all() for v in first.model().state_dict().values())  # it will be skipped
@@ -200,8 +202,8 @@ def test_delayed_skip_with_momentum_correction_voids_cleanly_across_a_checkpoint
         assert all(np.isfinite(v).all() for m in first._engine.call("momentum_buffers") for v in m.values())
         expected = params_of(first)
     assert all(torch.isfinite(v).all() for v in expected.values())
-    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")),
-                             progress=False) as second:
+    with trainers.loaded(path, SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")),
+                         progress=False) as second:
         resumed = second.fit(steps=3)
         got = params_of(second)
     assert [(r.step, r.skipped, r.loss) for r in resumed] == [(r.step, r.skipped, r.loss) for r in tail]
@@ -209,12 +211,12 @@ def test_delayed_skip_with_momentum_correction_voids_cleanly_across_a_checkpoint
         assert torch.equal(expected[k], got[k]), k
 
 
-def test_delayed_raise_still_raises_for_the_pending_step_after_a_resume(ray_local, tmp_path):
+def test_delayed_raise_still_raises_for_the_pending_step_after_a_resume(trainers, tmp_path):
     path = tmp_path / "ckpt"
-    with delayed_trainer("raise") as first:
+    with delayed_trainer(trainers, "raise") as first:
         first.fit(steps=3)
         first.save(path)
-    with casync.Trainer.load(path, SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")),
-                             progress=False) as second:
+    with trainers.loaded(path, SMALL, SGD(lr=0.1), poisoned_loss, PoisonedDigits(1, 2, float("nan")),
+                         progress=False) as second:
         with pytest.raises(casync.NonFiniteGradientError, match="step 2: .*worker 1, tensor '3.bias': 10 NaN"):
             second.fit(steps=1)
