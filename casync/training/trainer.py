@@ -61,6 +61,8 @@ class Trainer:
       parameters, optimizer, residuals and momentum buffers as before that step, so ``fit`` can go on (from
       the next batch) or you ``load`` a checkpoint; ``"skip"`` skips that step's update on every worker (its
       record says ``skipped``); ``"propagate"`` applies the NaN/Inf on every replica alike.
+    * :meth:`restart` starts a new run (other functions, plan, options) on the running actors, and :meth:`resume`
+      loads a checkpoint there: what a new ``Trainer(...)`` / ``Trainer.load(...)`` gives, without starting actors.
     """
 
     def __init__(self, model_fn: Callable[[], torch.nn.Module], optimizer_fn: Callable[[Any], torch.optim.Optimizer],
