@@ -15,6 +15,18 @@ STRATEGY_CONFIGS = [
 ]
 STRATEGY_IDS = ["ring", "allgather", "ps-coloc", "ps-2servers", "ps-oneway"]
 
+
+
+def applies(codec: str, strategy: str, extra: dict[str, Any]) -> bool:
+    """Whether a codec syncs with a strategy configuration: a codec that aggregates by majority vote (signsgd,
+    ``Codec.votes``) only on two-way PS with dedicated servers, where the vote is exact (elsewhere its plans are
+    refused); every other codec everywhere."""
+    from casync.primitives.codecs import get_codec
+
+    return not get_codec(codec).votes or (strategy == "ps" and bool(extra.get("servers"))
+                                          and extra.get("two_way", True))
+
+
 ODD_SHAPES = {"scalar": (), "one": (1,), "prime": (7919,), "matrix": (13, 17), "cube": (3, 5, 2), "small": (2,)}
 
 
