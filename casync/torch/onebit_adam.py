@@ -32,12 +32,13 @@ Exact buckets (``exact_variance=True``): 1-bit Adam freezes the variance because
 gradient to update it with.  A bucket the plan syncs losslessly (codec ``none``, e.g. below ``min_compress_bytes``)
 does give one: its synced momentum is the exact mean ``m_t = b1*m + (1-b1)*g``, so ``g = (m_t - b1*m)/(1-b1)``
 (up to float rounding), and its parameters go on with Adam's own variance, ``v = b2*v + (1-b2)*g*g`` and its
-correction ``1-b2**t``, and no ``v = 0`` mask: Adam itself, while the lossy buckets follow the frozen rule.  Why it
-matters: a decoder row of a rare word sees only the small gradient ``p*h`` (``p`` its tiny probability) in the
-warm-up, so its frozen variance is tiny, and the step where the word is the target brings ``(p-1)*h``, thousands
-of times larger: ``m/sqrt(v_K)`` then moves the row orders of magnitude further than Adam would
-(benchmarks/results/time_to_accuracy/lm_compressed_adam/).  Syncing such tensors exactly and compressing the
-large row-sparse input embedding keeps most of the saving.  Off by default (DeepSpeed's rule: every bucket frozen).
+correction ``1-b2**t``, and no ``v = 0`` mask: Adam itself, while the lossy buckets follow the frozen rule.  Why:
+on the word-level LM (benchmarks/results/time_to_accuracy/lm_compressed_adam/), freezing every tensor's variance
+diverges even with exact gradients, while freezing only the input embedding's stays within 0.5 % of Adam.  The
+likely cause: a decoder row of a rare word sees only the small gradient ``p*h`` (``p`` its tiny probability) in
+the warm-up, so its frozen variance is tiny, and the step where the word is the target brings ``(p-1)*h``, far
+larger.  Syncing such tensors exactly and compressing the large input embedding keeps most of the saving.  Off by
+default (DeepSpeed's rule: every bucket frozen).
 
 The sync runs in :meth:`OneBitAdam.step` (no overlap with backward); a parameter without a gradient counts as a
 zero gradient (every rank syncs every parameter every step).
@@ -69,10 +70,10 @@ class OneBitAdam(torch.optim.Optimizer):
     the checkpointed residuals); ``lr``, ``betas``, ``eps``, ``weight_decay`` (decoupled, AdamW's) per group.
     ``warmup_steps``: K >= 1 full-precision steps, then the variance is frozen.  ``bias_correction``: Adam's
     (default) or none (DeepSpeed's).  ``exact_variance``: parameters in buckets the plan syncs losslessly keep
-    Adam's variance after the warm-up (see the module docstring; default False: all frozen).  ``strategy`` (default ``"ps"``, with ``two_way=True``: error feedback at
-    the worker and at the server), ``codec`` (default ``"onebit"``), ``error_feedback`` and ``**plan_options``
-    are :func:`casync.build_plan`'s; a lossy codec must run with error feedback, and ``op`` must be ``"mean"``.
-    ``process_group``, ``timeout_s``, ``check_every``, ``transport``, ``compute_threads``: as for
+    Adam's variance after the warm-up (see the module docstring; default False: all frozen).  ``strategy``
+    (default ``"ps"``, with ``two_way=True``: error feedback at the worker and at the server), ``codec`` (default
+    ``"onebit"``), ``error_feedback`` and ``**plan_options`` are :func:`casync.build_plan`'s; a lossy codec must
+    run with error feedback, and ``op`` must be ``"mean"``.  ``process_group``, ``timeout_s``, ``check_every``, ``transport``, ``compute_threads``: as for
     :class:`~casync.torch.DistributedOptimizer`.  Parameters are broadcast from rank 0 when it is made; construct
     it at the same point on every rank (it creates casync's process groups).
     """

@@ -74,9 +74,10 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
     """Straight training (an LR schedule halving every 2 steps), and the same resumed from checkpoints taken after
     each of ``stops`` steps (one in the warm-up, one in the compression phase); then a checkpoint loaded with
     another warm-up length; and a replica that drifts."""
-    def make(seed: int, k: int = warmup) -> tuple[torch.nn.Module, ct.OneBitAdam, Any]:
+    def make(seed: int, k: int = warmup, exact: bool = False) -> tuple[torch.nn.Module, ct.OneBitAdam, Any]:
         model = mlp(seed)
-        opt = ct.OneBitAdam(model.named_parameters(), lr=0.01, warmup_steps=k, weight_decay=0.01, bucket_bytes=4096)
+        opt = ct.OneBitAdam(model.named_parameters(), lr=0.01, warmup_steps=k, weight_decay=0.01, bucket_bytes=4096,
+                            exact_variance=exact)
         return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
 
     def run(model: torch.nn.Module, opt: ct.OneBitAdam, scheduler: Any, span: range) -> None:
@@ -115,6 +116,13 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
     except ValueError as exc:
         mismatch = str(exc)
     other.close()
+    _, other, _ = make(seed=0, exact=True)  # a checkpoint without exact_variance, loaded with it
+    try:
+        other.load_state_dict(saved[max(stops)]["opt"])
+        mismatch_exact = None
+    except ValueError as exc:
+        mismatch_exact = str(exc)
+    other.close()
     model, drifting, scheduler = make(seed=0)  # a replica that drifts (rank 1 changes a weight): named at the check
     drifted = None
     try:
@@ -127,7 +135,7 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
         drifted = f"{type(exc).__name__}: {exc}"
     drifting.close()
     return {"straight": straight, "resumed": resumed, "roles": residual_roles, "mismatch": mismatch,
-            "drifted": drifted}
+            "mismatch_exact": mismatch_exact, "drifted": drifted}
 
 
 def least_squares(rank: int, world: int, runs: dict[str, dict[str, Any]], steps: int = 300, dim: int = 64,

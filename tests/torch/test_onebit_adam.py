@@ -200,6 +200,7 @@ def test_resume_is_bit_exact_mid_warm_up_and_mid_compression_and_a_drifting_repl
             for name, value in r["straight"].items():
                 assert np.array_equal(r["resumed"][stop][name], value), (rank, stop, name)
         assert "warmup_steps=2" in r["mismatch"] and "has 3" in r["mismatch"], r["mismatch"]
+        assert "exact_variance=False" in r["mismatch_exact"] and "has True" in r["mismatch_exact"], r["mismatch_exact"]
         assert r["drifted"].startswith("ReplicaMismatchError: step 10:"), r["drifted"]
         assert "no majority to say which rank(s) drifted" in r["drifted"], r["drifted"]  # 1 against 1
 
