@@ -52,7 +52,8 @@ def measure(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "runs.pkl", "wb") as f:
         pickle.dump({"calibration": [(p.to_dict(), m.steps, m.process_cpu_s) for p, m in zip(calibration, cal)],
-                     "rows": [(s, c, p.to_dict(), m.steps, m.process_cpu_s) for (s, c), p, m in zip(ROWS, rows, measured)],
+                     "rows": [(s, c, p.to_dict(), m.steps, m.process_cpu_s)
+                              for (s, c), p, m in zip(ROWS, rows, measured)],
                      "backward_cores": measure_backward_cores(), "load": load}, f)
     print(f"wrote {out / 'runs.pkl'}; load average before {load[0]}, after {load[1]}")
 

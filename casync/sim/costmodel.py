@@ -91,7 +91,8 @@ class RuntimeCosts:
     node(s) where the cluster models cores (its latency is already in ``hop``): ``message_cpu_s`` per message
     (the executor's: header, lane hand-off, thread wake-ups), ``copy_cpu`` per byte by what the message's bytes
     go through (``"shm"``, ``"tcp"``, ``"gloo"``, ``"nccl"``: copies into a shared-memory slot, socket writes and
-    reads, a process group's send and receive), ``sync_cpu_s`` per actor and sync (Ray's call, the executor's step set-up).
+    reads, a process group's send and receive), ``sync_cpu_s`` per actor and sync (Ray's call, the executor's
+    step set-up).
     ``backward_cores``: cores one rank's backward pass keeps busy while it produces gradients alone; where a sync
     overlaps a backward (bucket ready times) the simulator charges it on the node's cores, shared fairly with the
     rank's sync (0: not charged).

@@ -7,10 +7,9 @@ recv completes after the link's delay (the network's one-way latency, plus the r
 when the profile is calibrated on Ray); where the cluster models cores, a calibrated direct plane's threads
 also take ``Profile.message_cpu_s`` of a core per message (and ``sync_cpu_s`` per actor), which the ops then
 wait for; where buckets become ready one after another (a backward pass producing them), each worker's
-backward takes its share of the cores between one bucket's ready time and the next
-(:func:`backward_slices`).  Ops start when their inputs are ready and a lane is free; ready ops are taken in the order of the
-one schedule (``casync.schedule.order_key``: readiness, bucket priority, exchange round, node name), and the
-first op of each task of that schedule (same actor, bucket and hop) also pays the profile's per-task cost.
+backward takes its share of the cores between one bucket's ready time and the next (:func:`backward_slices`).
+Ops start when their inputs are ready and a lane is free; ready ops are taken in the order of the one schedule
+(``casync.schedule.order_key``: readiness, bucket priority, exchange round, node name), and the first op of each task of that schedule (same actor, bucket and hop) also pays the profile's per-task cost.
 
 The event loop (:func:`run_table`) reads the plan as an :class:`~casync.sim.optable.OpTable` (flat lists of
 integers, lanes numbered), about 2 us per op; the planner feeds it tables glued from per-bucket fragments.
@@ -298,7 +297,7 @@ def run_table(table: OpTable, cluster: ClusterModel, profile: Profile, bucket_re
             if event == _FREE:
                 touched.add(n)
                 continue
-            if event == _BACKWARD:  # the workers' backward passes take their share of the cores until the next bucket
+            if event == _BACKWARD:  # the workers' backwards take their share of the cores until the next bucket
                 for pool, seconds in slices[n][1]:
                     take_core(pool, now, seconds)
                 continue
