@@ -13,6 +13,10 @@ from casync.strategies import available_strategies
 
 SHAPES = {"w": (2048,), "b": (300,)}
 STEPS = 300
+#: a dense codec sending 8 bits or more per element (ratio <= 4: none, fp16, qsgd, natural, u8bit, sketch, dithering)
+#: leaves so little behind per step that the time average is within 0.5% of the mean after 100 steps (measured: 0.46%
+#: at most, natural on ring); the 1- and 2-bit codecs and the sparsifiers (whatever their ratio) take the 300
+FINE_STEPS = 100
 #: sparsifiers send k of n values a step, so what error feedback holds back is worth about n/k steps of
 #: gradient (random-k: a geometric wait, longer on average); the time average converges like (n/k) / steps, and
 #: the default 1% would need thousands of steps to reach 5%: the test uses 10% for top-k, 25% for random-k
@@ -58,7 +62,9 @@ def test_time_average_converges_for_every_codec_and_strategy(codec):
         assert default.options["error_feedback"] == "auto" and explicit.options["error_feedback"] is True
         if not get_codec(spec).lossless:
             assert all(b.uses_error_feedback for b in default.buckets)
-        err = time_averaged_error(default, grads)
+        c = get_codec(spec)
+        fine = not c.sparse and c.compression_ratio(sum(int(np.prod(v)) for v in SHAPES.values())) <= 4
+        err = time_averaged_error(default, grads, steps=FINE_STEPS if fine else STEPS)
         assert err < 0.05, (codec, kw, err)
 
 
