@@ -68,6 +68,8 @@ def register_codec(cls: type[Codec]) -> type[Codec]:
         raise ValueError(
             f"codec class {cls.__qualname__} needs a 'name' of letters, digits, '_' or '-', got {name!r}"
         )
+    if name in ALIASES:
+        raise ValueError(f"codec name {name!r} is an alias of {ALIASES[name]!r}; pick another name")
     old = _REGISTRY.get(name)
     if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"codec name {name!r} is already registered by {old.__module__}.{old.__qualname__}")

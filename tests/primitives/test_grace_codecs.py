@@ -9,7 +9,7 @@ import pytest
 
 import casync
 from casync.errors import PlanError
-from casync.primitives.codecs import ALIASES, get_codec
+from casync.primitives.codecs import ALIASES, get_codec, register_codec
 from casync.primitives.codecs.natural import LOW
 from casync.primitives.codecs.u8bit import EDGES
 
@@ -179,6 +179,12 @@ def grace_efsignsgd(x: np.ndarray) -> np.ndarray:
 
 def test_efsignsgd_is_onebit_and_equal_to_graces_definition():
     assert ALIASES["efsignsgd"] == "onebit"
+
+    class Shadow(type(get_codec("onebit"))):
+        name = "efsignsgd"
+
+    with pytest.raises(ValueError, match="'efsignsgd' is an alias of 'onebit'"):
+        register_codec(Shadow)
     codec = get_codec("efsignsgd")
     assert codec == get_codec("onebit") and codec.name == "onebit"
     rng = np.random.default_rng(0)
