@@ -32,7 +32,7 @@ CPUS = 0.25
 BASE = dict(workers=2, progress=False, timeout_s=60, cpus_per_worker=CPUS)
 FIRST = (DigitsMLP((64, 24, 10)), SGD(lr=0.1, momentum=0.9), cross_entropy, DigitsData(batch_size=64))
 
-# each run differs from the pool's first run (FIRST, onebit on a ring) in the plan and in what the actors set up
+# the two runs differ from each other and from FIRST (onebit on a ring) in the plan and in what the actors set up
 RUNS = {
     # another model (other buckets and layout), DGC on an allgather of top-k, another seed, 2 compute threads
     "dgc": ((DigitsMLP((64, 32, 16, 10)), SGD(lr=0.2), cross_entropy, DigitsData(batch_size=32, seed=3)),
@@ -46,12 +46,18 @@ STEPS, SAVE_AT = 5, 3
 
 
 @pytest.fixture(scope="module")
-def pool(ray_local):
-    """A trainer that has trained (residuals, momentum, RNG and data position all moved) before each test restarts it."""
-    trainer = casync.Trainer(*FIRST, codec="onebit", **BASE)
-    trainer.fit(steps=3)
-    yield trainer
+def first_run(ray_local, tmp_path_factory):
+    """The module's trainer, new, trains the "delayed" run (``fresh``: its history, parameters and checkpoint); the
+    tests then restart it with their own arguments."""
+    fns, kw = RUNS["delayed"]
+    trainer = casync.Trainer(*fns, **BASE, **kw)
+    yield trainer, _train(trainer, tmp_path_factory.mktemp("fresh") / "ckpt")
     trainer.close()
+
+
+@pytest.fixture
+def pool(first_run):
+    return first_run[0]
 
 
 def _train(trainer, path):
@@ -102,16 +108,24 @@ def _nested_equal(a, b):
 
 
 @pytest.mark.parametrize("name", list(RUNS))
-def test_a_restarted_trainer_trains_bit_for_bit_as_a_fresh_one(pool, name, tmp_path):
+def test_a_restarted_trainer_trains_bit_for_bit_as_a_fresh_one(first_run, name, tmp_path):
+    """The "delayed" run, restarted after a run of FIRST, against the module's trainer's own fresh run of it; the
+    "dgc" run against a new trainer's."""
+    pool, fresh_delayed = first_run
     fns, kw = RUNS[name]
+    pool.restart(*FIRST, **BASE, codec="onebit")
+    pool.fit(steps=3)  # residuals, momentum, RNG and data position all moved
     pids = ray.get([a.pid.remote() for a in pool._engine.actors.values()])
     assert pool.restart(*fns, **BASE, **kw) is pool
     assert pool.step == 0 and len(pool.history) == 0 and pool.timeline() == []
     assert ray.get([a.pid.remote() for a in pool._engine.actors.values()]) == pids  # no actor was started
     got = _train(pool, tmp_path / "restarted")
-    with casync.Trainer(*fns, **BASE, **kw) as fresh:
-        assert fresh.plan.to_dict() == pool.plan.to_dict()
-        want = _train(fresh, tmp_path / "fresh")
+    if name == "delayed":
+        want = fresh_delayed
+    else:
+        with casync.Trainer(*fns, **BASE, **kw) as fresh:
+            assert fresh.plan.to_dict() == pool.plan.to_dict()
+            want = _train(fresh, tmp_path / "fresh")
     _assert_same_run(got, want)
     if name == "delayed":
         assert got[2][0]["arrays"]["pending"]["step"] == SAVE_AT - 1 and any(r.full_precision for r in got[0])

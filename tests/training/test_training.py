@@ -548,16 +548,14 @@ def _vector_loss(model, batch):
     return torch.nn.functional.cross_entropy(model(x), y, reduction="none")
 
 
-def test_user_error_in_a_worker_surfaces_as_itself_and_the_trainer_stops(ray_local):
-    trainer = casync.Trainer(SMALL, SGD(), _vector_loss, DigitsData(batch_size=64), workers=2, progress=False,
-                             timeout_s=60, cpus_per_worker=CPUS)
-    try:
+def test_user_error_in_a_worker_surfaces_as_itself_and_the_trainer_stops(trainers):
+    """On the pool's idle trainer, which the pool then closes (the module's last test that takes one from it)."""
+    with trainers.trainer(SMALL, SGD(), _vector_loss, DigitsData(batch_size=64), workers=2, progress=False,
+                          timeout_s=60, cpus_per_worker=CPUS) as trainer:
         with pytest.raises(TypeError, match=r"worker \d, step 0: loss_fn must return a scalar"):
             trainer.fit(steps=1)
         with pytest.raises(casync.SyncError, match="unusable"):
             trainer.fit(steps=1)
-    finally:
-        trainer.close()
 
 
 def test_checkpoint_errors(tmp_path):
