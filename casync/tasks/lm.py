@@ -6,13 +6,13 @@ input embedding is 8.4 M of the model's 10.5 M parameters, as the embeddings dom
 and BytePS-Compress train, and its gradient costs bytes but little compute (a lookup, one small projection per
 token).  Adam runs fused (PyTorch's one-pass CPU kernel, ~3x its default's speed here), so the step's compute is
 the model's, not the optimizer's loops.  Why not the 16,384 tokens it had: 1-bit Adam's frozen variance diverges
-on the decoder's rows of rare words even with exact gradients, and a smaller vocabulary alone does not fix that
-(benchmarks/results/time_to_accuracy/lm_compressed_adam/); with the decoder synced exactly
+on this task even with exact gradients (likely the decoder's rows of rare words), and a smaller vocabulary alone
+does not fix that (benchmarks/results/time_to_accuracy/lm_compressed_adam/); with the decoder synced exactly
 (``OneBitAdam(exact_variance=True)``), a small decoder and a wide embedding leave most of the bytes compressible.
 DDP allreduce's step on 4 emulated nodes at 1 Gbit, 2 sequences per rank: 81 % sync (718 ms against the 134 ms
-floor at load ~8-11; 76 % at load ~24, where the floor's compute slows more than the sync: both beside other work,
-never on a quiet host; benchmarks/results/time_to_accuracy/sizing/lm_v4096_e2048_b2*.md).  Learning rate 0.001 (constant),
-tuned on the uncompressed run.  Each window of ``bptt`` tokens starts from a zero
+floor at load ~8-11; 76 % at load ~24, where the floor slowed more than the sync: both beside other work, never
+on a quiet host; benchmarks/results/time_to_accuracy/sizing/lm_v4096_e2048_b2*.md).  Learning rate 0.001
+(constant), tuned on the uncompressed run.  Each window of ``bptt`` tokens starts from a zero
 state (no state carried between windows, so a step's gradient depends on its batch alone, as DDP assumes).
 Validation is the mean cross-entropy over the first ``eval_tokens`` tokens of the held-out files, in the same
 windows.

@@ -109,20 +109,19 @@ def resume(rank: int, world: int, steps: int = 6, warmup: int = 2, stops: tuple[
         run(model, opt, scheduler, range(stop, steps))
         resumed[stop] = params(model)
         opt.close()
-    _, other, _ = make(seed=0, k=warmup + 1)
-    try:
-        other.load_state_dict(saved[max(stops)]["opt"])
-        mismatch = None
-    except ValueError as exc:
-        mismatch = str(exc)
-    other.close()
-    _, other, _ = make(seed=0, exact=True)  # a checkpoint without exact_variance, loaded with it
-    try:
-        other.load_state_dict(saved[max(stops)]["opt"])
-        mismatch_exact = None
-    except ValueError as exc:
-        mismatch_exact = str(exc)
-    other.close()
+    def refusal(**settings: Any) -> str | None:
+        """What loading the last checkpoint into a OneBitAdam built with other ``settings`` says (None: loaded)."""
+        _, other, _ = make(seed=0, **settings)
+        try:
+            other.load_state_dict(saved[max(stops)]["opt"])
+            return None
+        except ValueError as exc:
+            return str(exc)
+        finally:
+            other.close()
+
+    mismatch = refusal(k=warmup + 1)
+    mismatch_exact = refusal(exact=True)  # a checkpoint without exact_variance, loaded with it
     model, drifting, scheduler = make(seed=0)  # a replica that drifts (rank 1 changes a weight): named at the check
     drifted = None
     try:
