@@ -2,6 +2,7 @@
 
     python benchmarks/probes/model_terms.py measure OUT    # the bench's calibration runs + the quick grid's rows
     python benchmarks/probes/model_terms.py fit OUT        # fit with this checkout's code, predict, compare
+    python benchmarks/probes/model_terms.py bench OUT BENCH_JSON   # that fit, against a bench run's casync rows
 
 ``measure`` runs, back to back on RayEngine (direct plane), the plans of ``casync bench``'s calibration
 (``casync.runtime.machine_profile.QUICK_RECIPE``: synthetic tensors, 2 workers) and the fixed casync rows of
@@ -10,7 +11,9 @@ in ``OUT/runs.pkl`` (with the load average before and after).  ``fit`` fits the 
 with the code of this checkout, simulates each row, and prints per row predicted against measured sync, the
 bench's fidelity figures, and per op kind and codec the ops' measured CPU against their simulated price — so a
 change of the model can be judged on the same measurement, without the minutes and the noise of a new one.
-Answers go to ``benchmarks/results/model_terms/``.
+``bench`` predicts the RayEngine rows of a ``casync bench --quick`` report (its ``bench.json``: resnet50, 4 workers)
+with that fit instead, against the report's measured syncs (the fidelity over its fixed rows: an ``auto`` row
+measured the plan its own run chose).  Answers go to ``benchmarks/results/model_terms/``.
 """
 from __future__ import annotations
 
@@ -58,20 +61,28 @@ def measure(out: Path) -> None:
     print(f"wrote {out / 'runs.pkl'}; load average before {load[0]}, after {load[1]}")
 
 
-def fit(out: Path) -> None:
-    from casync.bench.fidelity import fidelity_text, model_fidelity
+def _fitted(out: Path) -> tuple[dict, object]:
+    """The measurement in ``out`` and the packaged profile with the runtime fitted from its calibration runs."""
     from casync.plan.syncplan import SyncPlan
-    from casync.runtime.calibrate import fit_direct_runtime, sync_span
+    from casync.runtime.calibrate import fit_direct_runtime
     from casync.sim.costmodel import Profile
-    from casync.sim.simulator import simulate
 
     data = pickle.load(open(out / "runs.pkl", "rb"))
     runs = [(SyncPlan.from_dict(p), steps) for p, steps, _ in data["calibration"]]
     runtime = fit_direct_runtime(runs, Profile.default(), process_cpu=[cpu for *_, cpu in data["calibration"]],
                                  backward_cores=data["backward_cores"])
-    profile = Profile.default().with_runtime(runtime)
     print(f"load average while measured: {data['load']}")
     print("fitted:", {k: v for k, v in runtime.to_dict().items() if k != "samples"})
+    return data, Profile.default().with_runtime(runtime)
+
+
+def fit(out: Path) -> None:
+    from casync.bench.fidelity import fidelity_text, model_fidelity
+    from casync.plan.syncplan import SyncPlan
+    from casync.runtime.calibrate import sync_span
+    from casync.sim.simulator import simulate
+
+    data, profile = _fitted(out)
     table, per_op = [], defaultdict(lambda: [0.0, 0.0])
     for strategy, codec, p, steps, _ in data["rows"]:
         plan = SyncPlan.from_dict(p)
@@ -96,7 +107,33 @@ def fit(out: Path) -> None:
         print(f"  {key}: {m * 1e3:7.1f} / {s * 1e3:7.1f} = {m / s if s else float('nan'):.2f}")
 
 
+def bench(out: Path, report: Path) -> None:
+    import json
+
+    from casync.bench.fidelity import fidelity_text, model_fidelity
+    from casync.bench.grid import QUICK
+    from casync.bench.predict import make_plan
+    from casync.sim.simulator import simulate
+
+    _, profile = _fitted(out)
+    table = []
+    for r in json.loads(report.read_text())["rows"]:
+        if r["system"] != "casync" or r["model"] != "resnet50" or r["workers"] != 4:
+            continue
+        plan = make_plan("resnet50", 4, r["strategy"], r["codec"], QUICK.codecs, _cluster(4), profile=profile,
+                         strategies=QUICK.strategies)
+        predicted = simulate(plan, _cluster(4), profile).sync_time()
+        chose = sorted({f"{b.strategy}/{b.codec.name}" for b in plan.buckets}) if r["strategy"] == "auto" else ""
+        print(f"{r['strategy']:10s} {r['codec'][:12]:12s} measured {r['sync_s'] * 1e3:7.1f} ms  predicted "
+              f"{predicted * 1e3:7.1f} ms  pred/meas {predicted / r['sync_s']:5.2f} {chose}")
+        if r["strategy"] != "auto":  # an auto row measured the plan its run chose, which may not be this one
+            table.append(SimpleNamespace(model="resnet50", workers=4, label=f"{r['strategy']} / {r['codec']}",
+                                         system="casync", ok=True, sync_s=r["sync_s"], predicted_s=predicted))
+    print("Model fidelity (fixed rows) " + fidelity_text(model_fidelity(table)))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("measure", "fit"):
+    modes = {"measure": (measure, 3), "fit": (fit, 3), "bench": (bench, 4)}
+    if len(sys.argv) < 2 or sys.argv[1] not in modes or len(sys.argv) != modes[sys.argv[1]][1]:
         sys.exit(__doc__)
-    {"measure": measure, "fit": fit}[sys.argv[1]](Path(sys.argv[2]))
+    modes[sys.argv[1]][0](*map(Path, sys.argv[2:]))
