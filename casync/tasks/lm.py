@@ -9,9 +9,10 @@ the model's, not the optimizer's loops.  Why not the 16,384 tokens it had: 1-bit
 on this task even with exact gradients (likely the decoder's rows of rare words), and a smaller vocabulary alone
 does not fix that (benchmarks/results/time_to_accuracy/lm_compressed_adam/); with the decoder synced exactly
 (``OneBitAdam(exact_variance=True)``), a small decoder and a wide embedding leave most of the bytes compressible.
-DDP allreduce's step on 4 emulated nodes at 1 Gbit, 2 sequences per rank: 81 % sync (718 ms against the 134 ms
-floor at load ~8-11; 76 % at load ~24, where the floor slowed more than the sync: both beside other work, never
-on a quiet host; benchmarks/results/time_to_accuracy/sizing/lm_v4096_e2048_b2*.md).  Learning rate 0.001
+DDP allreduce's step on 4 emulated nodes at 1 Gbit, 2 sequences per rank: 90 % sync over 400 steps at load ~4-6
+(711 ms against the 71 ms floor, benchmarks/results/time_to_accuracy/lm_exact_variance/netem_seed_0/); 81 % and
+76 % in 40-step runs at load ~8-11 and ~24 (sizing/lm_v4096_e2048_b2*.md): the floor slows more than the sync
+under load.  Never measured on a quiet host.  Learning rate 0.001
 (constant), tuned on the uncompressed run.  Each window of ``bptt`` tokens starts from a zero
 state (no state carried between windows, so a step's gradient depends on its batch alone, as DDP assumes).
 Validation is the mean cross-entropy over the first ``eval_tokens`` tokens of the held-out files, in the same
