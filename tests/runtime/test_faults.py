@@ -80,7 +80,9 @@ def _run_with_fault(plan, gate, inject, expect, release=True, placement="spread"
     finally:
         gate.unlink(missing_ok=True)
         engine.close()
-    with RayEngine(plan, timeout_s=timeout_s, placement=placement, transport=transport) as fresh:
+    # the resume is not what a short timeout_s tests: its new actors may wait for the CPUs of the old ones, which
+    # Ray frees asynchronously, and form their process group on a busy machine (5 s timed out once under xdist)
+    with RayEngine(plan, timeout_s=max(timeout_s, TIMEOUT_S), placement=placement, transport=transport) as fresh:
         fresh.load_state_dict(checkpoint)
         for s in range(FAULT_STEP, STEPS):
             _assert_same(fresh.sync(steps[s]), expected[s], plan.workers)
